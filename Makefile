@@ -1,0 +1,25 @@
+# nmt: top-level targets. `make multi30k` runs the CPU recipe end to end; `make test` runs the tests.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: install test lint bench
+install: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install torch==2.13.0
+	$(BIN)/pip install -e ".[dev]"
+	@touch $@
+
+test: install
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check nmt_cli tests benchmarks
+
+bench: install
+	$(BIN)/python benchmarks/run_all.py
+
+include recipes/multi30k.mk
+include recipes/wmt14.mk

@@ -1,0 +1,86 @@
+"""Checkpoints: save atomically, load with clear errors, rebuild a model, average several."""
+
+from __future__ import annotations
+
+import pickle
+import re
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from .errors import NmtError
+from .model import ModelConfig, Transformer
+from .textio import atomic_path
+from .vocab import Vocabulary
+
+FORMAT = "nmt-checkpoint-1"
+NUMBERED = re.compile(r"checkpoint_(\d+)\.pt$")
+
+
+def save_checkpoint(state: dict, path: str | Path) -> None:
+    """Write `state` to `path` through a temporary file, so a crash never leaves a truncated checkpoint."""
+    with atomic_path(path) as tmp:
+        torch.save({"format": FORMAT, **state}, tmp)
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+    """Read a checkpoint written by `save_checkpoint`; one-line NmtError when missing, corrupt or foreign."""
+    path = Path(path)
+    if not path.exists():
+        raise NmtError(f"{path}: no such checkpoint")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, OSError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise NmtError(f"{path}: not a readable checkpoint (corrupt or truncated: {reason[:120]})") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise NmtError(f"{path}: not an nmt checkpoint")
+    return state
+
+
+def model_from_checkpoint(state: dict) -> tuple[Transformer, Vocabulary]:
+    """The model (in eval mode) and vocabulary a checkpoint describes."""
+    config = ModelConfig.from_dict(state["config"])
+    model = Transformer(config)
+    model.load_state_dict(state["model"])
+    model.eval()
+    return model, Vocabulary(state["vocab"])
+
+
+def numbered_checkpoints(save_dir: str | Path) -> list[Path]:
+    """`checkpoint_<updates>.pt` files of a save dir, oldest first."""
+    found = [(int(m.group(1)), p) for p in Path(save_dir).glob("checkpoint_*.pt") if (m := NUMBERED.search(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+SELF_CONTAINED_KEYS = ("config", "vocab", "bpe_codes", "source_lang", "target_lang", "tokenizer")
+
+
+def average_checkpoints(paths: Sequence[str | Path]) -> dict:
+    """Element-wise mean of the models' parameters (accumulated in fp32), with the metadata of the last one.
+
+    Refuses checkpoints whose config or vocabulary differ. Training state (optimizer, RNG) is dropped.
+    """
+    if not paths:
+        raise NmtError("no checkpoints to average")
+    first = load_checkpoint(paths[0])
+    total = {k: v.to(torch.float32).clone() for k, v in first["model"].items()}
+    last = first
+    for path in paths[1:]:
+        state = load_checkpoint(path)
+        if state["config"] != first["config"]:
+            raise NmtError(f"{path}: model config differs from {paths[0]}; cannot average")
+        if state["vocab"] != first["vocab"]:
+            raise NmtError(f"{path}: vocabulary differs from {paths[0]}; cannot average")
+        for k, v in state["model"].items():
+            total[k] += v.to(torch.float32)
+        last = state
+    n = len(paths)
+    model = {k: (v / n).to(first["model"][k].dtype) for k, v in total.items()}
+    out = {k: last[k] for k in SELF_CONTAINED_KEYS if k in last}
+    out["model"] = model
+    out["averaged_from"] = [str(p) for p in paths]
+    out["updates"] = last.get("updates", 0)
+    return out

@@ -1,0 +1,423 @@
+"""The `nmt` command: a thin typer shell over the package's functions."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import queue
+import sys
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .errors import NmtError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Neural machine translation with the Transformer of 'Attention Is All You Need'.")
+err = Console(stderr=True)
+
+
+def handle_errors(fn):
+    """Turn NmtError into one line on stderr and exit code 2; never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except NmtError as e:
+            err.print(f"nmt {fn.__name__.replace('_cmd', '').replace('_', '-')}: error: {e}", markup=False,
+                      highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            err.print("interrupted", markup=False)
+            raise typer.Exit(130) from None
+        except BrokenPipeError:
+            # Output closed early (e.g. piped into `head`): stop quietly.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise typer.Exit(0) from None
+
+    return wrapper
+
+
+# ----------------------------------------------------------------------------- prepare & friends
+@app.command("prepare")
+@handle_errors
+def prepare_cmd(
+    source_lang: Annotated[str, typer.Option("--source-lang", "-s", help="Source language code (file suffix).")],
+    target_lang: Annotated[str, typer.Option("--target-lang", "-t", help="Target language code (file suffix).")],
+    train: Annotated[str, typer.Option(help="Training PREFIX: PREFIX.SRC and PREFIX.TGT, plain or .gz.")],
+    valid: Annotated[str, typer.Option(help="Validation PREFIX.")],
+    out: Annotated[Path, typer.Option(help="Output data directory.")],
+    test: Annotated[Optional[list[str]], typer.Option(help="Test PREFIX (repeatable).")] = None,
+    bpe_merges: Annotated[int, typer.Option(help="Joint BPE merge operations.")] = 10000,
+    workers: Annotated[int, typer.Option(help="Worker processes (default: all cores).")] = 0,
+    max_len: Annotated[int, typer.Option(help="Drop training pairs with a side longer than this (BPE pieces).")] = 250,
+    max_ratio: Annotated[float, typer.Option(help="Drop training pairs whose length ratio exceeds this.")] = 1.5,
+    vocab_threshold: Annotated[int, typer.Option(help="Keep BPE pieces seen at least this often.")] = 1,
+    force: Annotated[bool, typer.Option(help="Overwrite an existing --out.")] = False,
+    quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+) -> None:
+    """Moses-tokenize, learn and apply joint BPE, build a shared vocabulary and binarize: raw text in, data dir out."""
+    from .prepare import PrepareOptions, prepare
+
+    meta = prepare(PrepareOptions(source_lang, target_lang, train, valid, out, test or [], bpe_merges,
+                                  workers or (os.cpu_count() or 1), max_len, max_ratio, vocab_threshold, force, quiet))
+    if not quiet:
+        err.print(f"wrote {out}: vocabulary {meta['vocab_size']:,}, "
+                  + ", ".join(f"{k} {v['sentences']:,}" for k, v in meta["splits"].items()) + " sentences")
+
+
+@app.command("learn-bpe")
+@handle_errors
+def learn_bpe_cmd(
+    inputs: Annotated[list[Path], typer.Argument(help="Tokenized text files (plain or .gz); learned jointly.")],
+    merges: Annotated[int, typer.Option("--merges", "-m", help="Merge operations.")] = 10000,
+    output: Annotated[Path, typer.Option("--output", "-o", help="Codes file to write.")] = Path("bpe.codes"),
+    min_frequency: Annotated[int, typer.Option(help="Stop when the best pair is rarer than this.")] = 2,
+) -> None:
+    """Learn joint BPE codes from already tokenized text (subword-nmt)."""
+    from .text import learn_bpe
+    from .textio import atomic_path, iter_lines
+
+    if merges < 1:
+        raise NmtError(f"--merges must be at least 1 (got {merges})")
+    counts: Counter[str] = Counter()
+    for path in inputs:
+        for line in iter_lines(path):
+            counts.update(line.split())
+    if not counts:
+        raise NmtError("empty corpus: the inputs hold no words")
+    codes = learn_bpe(counts, merges, min_frequency)
+    with atomic_path(output) as tmp:
+        tmp.write_text(codes, encoding="utf-8")
+
+
+def _open_output(path: Optional[Path]):
+    return open(path, "w", encoding="utf-8") if path else sys.stdout
+
+
+@app.command("apply-bpe")
+@handle_errors
+def apply_bpe_cmd(
+    codes: Annotated[Path, typer.Option("--codes", "-c", help="BPE codes file.")],
+    input: Annotated[Optional[Path], typer.Option("--input", "-i", help="Tokenized input (default stdin).")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output file (default stdout).")] = None,
+    tokenize_lang: Annotated[Optional[str], typer.Option("--tokenize", help="Moses-tokenize input first (language).")] = None,
+) -> None:
+    """Segment text with BPE codes (optionally Moses-tokenizing it first)."""
+    from . import text
+    from .textio import atomic_path, iter_lines
+
+    if not codes.exists():
+        raise NmtError(f"{codes}: no such file")
+    bpe = text.BpeApplier(codes.read_text(encoding="utf-8"))
+    lines = iter_lines(input) if input else (line.rstrip("\n") for line in sys.stdin)
+
+    def convert(line: str) -> str:
+        return bpe(text.tokenize(line, tokenize_lang) if tokenize_lang else line)
+
+    if output:
+        with atomic_path(output) as tmp, open(tmp, "w", encoding="utf-8") as f:
+            for line in lines:
+                f.write(convert(line) + "\n")
+    else:
+        for line in lines:
+            sys.stdout.write(convert(line) + "\n")
+
+
+@app.command("binarize")
+@handle_errors
+def binarize_cmd(
+    source_lang: Annotated[str, typer.Option("--source-lang", "-s")],
+    target_lang: Annotated[str, typer.Option("--target-lang", "-t")],
+    train: Annotated[str, typer.Option(help="PREFIX of BPE-segmented training text.")],
+    valid: Annotated[str, typer.Option(help="PREFIX of BPE-segmented validation text.")],
+    out: Annotated[Path, typer.Option(help="Output data directory.")],
+    codes: Annotated[Optional[Path], typer.Option(help="BPE codes to store with the data (for nmt translate).")] = None,
+    test: Annotated[Optional[list[str]], typer.Option(help="Test PREFIX (repeatable).")] = None,
+    max_len: Annotated[int, typer.Option()] = 250,
+    max_ratio: Annotated[float, typer.Option()] = 1.5,
+    vocab_threshold: Annotated[int, typer.Option()] = 1,
+    force: Annotated[bool, typer.Option()] = False,
+) -> None:
+    """Build a trainable data dir from your own tokenized + BPE text (vocabulary from train, meta.json last)."""
+    from . import text
+    from .prepare import read_parallel, write_data_dir
+    from .textio import file_sha256
+
+    if out.exists() and not force:
+        raise NmtError(f"{out}: already exists (use --force to overwrite)")
+    splits = {"train": train, "valid": valid, **{("test" if i == 0 else f"test{i}"): p for i, p in enumerate(test or [])}}
+    segmented, raw, inputs = {}, {}, {}
+    for name, prefix in splits.items():
+        src, tgt, sp, tp = read_parallel(prefix, source_lang, target_lang)
+        segmented[name] = (src, tgt)
+        raw[name] = ([text.detokenize(text.remove_bpe(x), source_lang) for x in src],
+                     [text.detokenize(text.remove_bpe(x), target_lang) for x in tgt])
+        inputs[name] = {str(sp): file_sha256(sp), str(tp): file_sha256(tp)}
+    code_text = codes.read_text(encoding="utf-8") if codes else ""
+    write_data_dir(out, segmented, raw, code_text, source_lang, target_lang, max_len, max_ratio, vocab_threshold,
+                   inputs, extra_meta={"tokenizer": {"name": "moses", "escape": False, "aggressive_dash_splits": True}})
+
+
+# ----------------------------------------------------------------------------- train
+@app.command("train")
+@handle_errors
+def train_cmd(
+    data: Annotated[Path, typer.Argument(help="Data directory made by nmt prepare.")],
+    save_dir: Annotated[Path, typer.Option(help="Where checkpoints and train.jsonl go; re-running resumes.")],
+    arch: Annotated[str, typer.Option(help="Preset: tiny, small, base or big.")] = "base",
+    layers: Annotated[Optional[int], typer.Option(help="Encoder and decoder layers (N).")] = None,
+    d_model: Annotated[Optional[int], typer.Option(help="Model width.")] = None,
+    ffn: Annotated[Optional[int], typer.Option(help="Feed-forward inner width.")] = None,
+    heads: Annotated[Optional[int], typer.Option(help="Attention heads.")] = None,
+    dropout: Annotated[Optional[float], typer.Option(help="Residual and embedding dropout.")] = None,
+    attention_dropout: Annotated[Optional[float], typer.Option(help="Dropout on attention weights.")] = None,
+    pre_norm: Annotated[Optional[bool], typer.Option("--pre-norm/--post-norm", help="LayerNorm placement.")] = None,
+    max_tokens: Annotated[int, typer.Option(help="Tokens per batch (padding counted).")] = 4096,
+    update_freq: Annotated[int, typer.Option(help="Batches accumulated per update.")] = 1,
+    max_updates: Annotated[int, typer.Option(help="Stop after this many updates (0: no limit).")] = 0,
+    max_epochs: Annotated[int, typer.Option(help="Stop after this many epochs (0: no limit).")] = 0,
+    max_time: Annotated[float, typer.Option(help="Stop after this many minutes (0: no limit).")] = 0.0,
+    precision: Annotated[str, typer.Option(help="fp32, bf16 or fp16 (CUDA only).")] = "fp32",
+    seed: Annotated[int, typer.Option()] = 1,
+    device: Annotated[Optional[str], typer.Option(help="cpu or cuda (default: cuda when available).")] = None,
+    save_interval_updates: Annotated[int, typer.Option(help="Save a numbered checkpoint every N updates.")] = 0,
+    save_interval_minutes: Annotated[float, typer.Option(help="Save a numbered checkpoint every M minutes.")] = 0.0,
+    keep_last: Annotated[int, typer.Option(help="Numbered checkpoints to keep (0: all).")] = 5,
+    valid_interval: Annotated[int, typer.Option(help="Validate every N updates (0: each epoch).")] = 0,
+    eval_bleu: Annotated[bool, typer.Option(help="Also greedy-decode valid and pick the best by BLEU.")] = False,
+    patience: Annotated[int, typer.Option(help="Stop after N validations without improvement (0: off).")] = 0,
+    lr_scale: Annotated[float, typer.Option(help="Factor on the eq. 3 learning rate.")] = 1.0,
+    warmup: Annotated[int, typer.Option(help="Warmup updates of eq. 3.")] = 4000,
+    label_smoothing: Annotated[float, typer.Option()] = 0.1,
+    clip_norm: Annotated[float, typer.Option(help="Clip the gradient norm (0: off).")] = 0.0,
+    log_interval: Annotated[int, typer.Option(help="Updates between log lines.")] = 50,
+    threads: Annotated[int, typer.Option(help="CPU threads for torch (0: torch's default).")] = 0,
+    quiet: Annotated[bool, typer.Option()] = False,
+) -> None:
+    """Train the Transformer (single process, or one per GPU/CPU under torchrun); resumes from checkpoint_last.pt."""
+    import torch
+
+    from .train import TrainOptions, train
+
+    if threads:
+        torch.set_num_threads(threads)
+    opts = TrainOptions(
+        data=data, save_dir=save_dir, arch=arch, layers=layers, d_model=d_model, ffn=ffn, heads=heads,
+        dropout=dropout, attention_dropout=attention_dropout, pre_norm=pre_norm, max_tokens=max_tokens,
+        update_freq=update_freq, max_updates=max_updates, max_epochs=max_epochs, max_time=max_time,
+        precision=precision, seed=seed, device=device, save_interval_updates=save_interval_updates,
+        save_interval_minutes=save_interval_minutes, keep_last=keep_last, valid_interval=valid_interval,
+        eval_bleu=eval_bleu, patience=patience, lr_scale=lr_scale, warmup=warmup, label_smoothing=label_smoothing,
+        clip_norm=clip_norm, log_interval=log_interval, quiet=quiet)
+    summary = train(opts)
+    if not quiet and int(os.environ.get("RANK", "0")) == 0:
+        err.print(f"stopped ({summary['reason']}) after {summary['updates']} updates, "
+                  f"{summary['elapsed']:.0f} s; best {summary['best']}")
+
+
+# ----------------------------------------------------------------------------- average
+@app.command("average")
+@handle_errors
+def average_cmd(
+    checkpoints: Annotated[Optional[list[Path]], typer.Argument(help="Checkpoints, or a save dir with --last.")] = None,
+    output: Annotated[Path, typer.Option("--output", "-o", help="Averaged model file.")] = Path("model.pt"),
+    last: Annotated[int, typer.Option(help="Average the last N numbered checkpoints of the save dir given.")] = 0,
+) -> None:
+    """Average checkpoints' parameters (the paper averages the last 5 or 20) into a self-contained model."""
+    from .checkpoint import average_checkpoints, numbered_checkpoints, save_checkpoint
+
+    paths = list(checkpoints or [])
+    if last:
+        if len(paths) != 1 or not paths[0].is_dir():
+            raise NmtError("--last N takes exactly one save directory")
+        found = numbered_checkpoints(paths[0])
+        if not found:
+            raise NmtError(f"{paths[0]}: no numbered checkpoints (checkpoint_<updates>.pt)")
+        if len(found) < last:
+            err.print(f"warning: {paths[0]} has only {len(found)} numbered checkpoints; averaging those")
+        paths = found[-last:]
+    if not paths:
+        raise NmtError("give checkpoints to average, or --last N SAVE_DIR")
+    save_checkpoint(average_checkpoints(paths), output)
+    err.print(f"averaged {len(paths)} checkpoints into {output}")
+
+
+# ----------------------------------------------------------------------------- translate
+def _stdin_batches(max_lines: int):
+    """Lines from stdin in batches: wait for one line, then take whatever else has already arrived."""
+    q: queue.Queue = queue.Queue(maxsize=4 * max_lines)
+    done = object()
+
+    def reader() -> None:
+        try:
+            for number, raw in enumerate(sys.stdin.buffer, start=1):
+                try:
+                    q.put((number, raw.decode("utf-8").rstrip("\n").rstrip("\r")))
+                except UnicodeDecodeError as e:
+                    q.put(NmtError(f"<stdin>:{number}: not valid UTF-8 ({e.reason} at byte {e.start})"))
+                    return
+        finally:
+            q.put(done)
+
+    threading.Thread(target=reader, daemon=True).start()
+    finished = False
+    while not finished:
+        batch = []
+        item = q.get()
+        while True:
+            if item is done:
+                finished = True
+                break
+            if isinstance(item, NmtError):
+                if batch:
+                    yield batch
+                raise item
+            batch.append(item)
+            if len(batch) >= max_lines:
+                break
+            try:
+                item = q.get_nowait()
+            except queue.Empty:
+                break
+        if batch:
+            yield batch
+
+
+@app.command("translate")
+@handle_errors
+def translate_cmd(
+    model: Annotated[list[Path], typer.Option("--model", "-m", help="Model file; repeat for an ensemble.")],
+    input: Annotated[Optional[Path], typer.Option("--input", "-i", help="Raw text (default stdin).")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output file (default stdout).")] = None,
+    beam: Annotated[int, typer.Option(help="Beam size.")] = 4,
+    lenpen: Annotated[float, typer.Option(help="GNMT length penalty alpha.")] = 0.6,
+    max_len_a: Annotated[float, typer.Option(help="Max output length = a * source length + b.")] = 1.0,
+    max_len_b: Annotated[int, typer.Option()] = 50,
+    batch_size: Annotated[int, typer.Option(help="Sentences per batch.")] = 64,
+    max_tokens: Annotated[Optional[int], typer.Option(help="Source tokens per batch (instead of --batch-size).")] = None,
+    nbest: Annotated[int, typer.Option(help="Hypotheses per input; >1 prints LINE<TAB>SCORE<TAB>TEXT lines.")] = 1,
+    greedy: Annotated[bool, typer.Option(help="Greedy decoding (no beam machinery).")] = False,
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    precision: Annotated[str, typer.Option(help="fp32, bf16 or fp16 (CUDA only).")] = "fp32",
+    quiet: Annotated[bool, typer.Option()] = False,
+) -> None:
+    """Translate raw text; output is detokenized, one line per input line, in input order."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .textio import atomic_path, read_lines
+    from .translate import Translator
+
+    translator = Translator.from_checkpoint(model, device=device, precision=precision)
+    options = dict(beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, batch_size=batch_size,
+                   max_tokens=max_tokens, greedy=greedy, nbest=nbest)
+
+    def flush_warnings() -> None:
+        for w in translator.warnings:
+            err.print(f"warning: {input or '<stdin>'}:{w.removeprefix('line ')}", markup=False, highlight=False)
+        translator.warnings.clear()
+
+    def format_results(results, first_line: int) -> list[str]:
+        if nbest == 1:
+            return [r[0][0] for r in results]
+        return [f"{first_line + k}\t{score:.4f}\t{hyp}" for k, r in enumerate(results) for hyp, score in r]
+
+    if input is not None:
+        lines = read_lines(input)
+        with Progress(TextColumn("translate"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
+                      console=err, disable=quiet or output is None) as progress:
+            task = progress.add_task("translate", total=len(lines), rate="")
+
+            def advance(n: int) -> None:
+                progress.advance(task, n)
+                t = progress.tasks[0]
+                if t.elapsed:
+                    progress.update(task, rate=f"{t.completed / t.elapsed:.1f} sent/s")
+
+            results = translator.translate_nbest(lines, on_batch=advance, **options)
+        flush_warnings()
+        out_lines = format_results(results, 1)
+        if output is None:
+            sys.stdout.write("".join(line + "\n" for line in out_lines))
+        else:
+            with atomic_path(output) as tmp:
+                tmp.write_text("".join(line + "\n" for line in out_lines), encoding="utf-8")
+        return
+    # stdin: translate as lines arrive, flushing each batch.
+    with atomic_path(output) if output else _nullpath() as tmp:
+        sink = open(tmp, "w", encoding="utf-8") if tmp else sys.stdout
+        try:
+            for batch in _stdin_batches(batch_size):
+                results = translator.translate_nbest([t for _, t in batch], first_line=batch[0][0], **options)
+                flush_warnings()
+                sink.write("".join(line + "\n" for line in format_results(results, batch[0][0])))
+                sink.flush()
+        finally:
+            if tmp:
+                sink.close()
+
+
+class _nullpath:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+# ----------------------------------------------------------------------------- score
+@app.command("score")
+@handle_errors
+def score_cmd(
+    ref: Annotated[list[Path], typer.Option("--ref", "-r", help="Reference file; repeat for several.")],
+    hyp: Annotated[Optional[Path], typer.Option("--hyp", help="Hypotheses (default stdin).")] = None,
+    metrics: Annotated[str, typer.Option(help="Comma-separated: bleu,chrf,ter.")] = "bleu,chrf,ter",
+    tokenized_bleu: Annotated[Optional[str], typer.Option(
+        help="Also report the paper-era tokenized, compound-split BLEU (give the target language, e.g. de).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Score detokenized hypotheses against references with sacreBLEU (scores and signatures)."""
+    from .score import score
+    from .textio import read_lines
+
+    if hyp is not None:
+        hyps = read_lines(hyp)
+    else:
+        try:
+            hyps = [line.rstrip("\n") for line in sys.stdin.buffer.read().decode("utf-8").split("\n")]
+        except UnicodeDecodeError as e:
+            raise NmtError(f"<stdin>: not valid UTF-8 ({e.reason})") from None
+        if hyps and hyps[-1] == "":
+            hyps.pop()
+    refs = [read_lines(r) for r in ref]
+    for r, lines in zip(ref, refs):
+        if len(lines) != len(hyps):
+            raise NmtError(f"{hyp or '<stdin>'} has {len(hyps)} lines but {r} has {len(lines)}")
+    results = score(hyps, refs, [m.strip() for m in metrics.split(",") if m.strip()], tokenized_bleu)
+    if as_json:
+        print(json.dumps(results, indent=2))
+        return
+    table = Table(title="scores")
+    table.add_column("metric")
+    table.add_column("score", justify="right")
+    table.add_column("signature / details")
+    for r in results:
+        table.add_row(r["metric"], f"{r['score']:.2f}", f"{r['signature']}\n{r['text']}")
+    Console().print(table)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

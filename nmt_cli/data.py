@@ -1,0 +1,177 @@
+"""Binarized corpora (memory-mapped token arrays + offsets) and token-budget batching."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .errors import NmtError
+from .textio import atomic_path
+from .vocab import Vocabulary
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 where the vocabulary fits, else int32."""
+    return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.int32)
+
+
+def write_binarized(prefix: str | Path, sentences: Sequence[Sequence[int]], vocab_size: int) -> None:
+    """Write `prefix.bin` (all ids, flat) and `prefix.idx` (int64 offsets, n + 1 of them), atomically."""
+    lengths = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=len(sentences))
+    offsets = np.zeros(len(sentences) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.fromiter((i for s in sentences for i in s), dtype=token_dtype(vocab_size), count=int(offsets[-1]))
+    prefix = Path(prefix)
+    for suffix, array in ((".bin", flat), (".idx", offsets)):
+        with atomic_path(prefix.with_name(prefix.name + suffix)) as tmp:
+            with open(tmp, "wb") as f:
+                f.write(array.tobytes())
+        # dtype of .bin is recorded in meta.json; .idx is always int64
+
+
+class IndexedDataset:
+    """Read-only view of one binarized split and side, memory-mapped."""
+
+    def __init__(self, prefix: str | Path, dtype: np.dtype) -> None:
+        prefix = Path(prefix)
+        self.offsets = np.fromfile(prefix.with_name(prefix.name + ".idx"), dtype=np.int64)
+        bin_path = prefix.with_name(prefix.name + ".bin")
+        if self.offsets[-1] == 0:
+            self.tokens = np.zeros(0, dtype=dtype)
+        else:
+            self.tokens = np.memmap(bin_path, dtype=dtype, mode="r")
+        if len(self.tokens) != self.offsets[-1]:
+            raise NmtError(f"{bin_path}: holds {len(self.tokens)} tokens, index expects {self.offsets[-1]}")
+        self.sizes = np.diff(self.offsets)
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.tokens[self.offsets[i] : self.offsets[i + 1]]
+
+
+@dataclass
+class DataDir:
+    """A directory made by `nmt prepare`: meta.json, vocabulary, BPE codes and binarized splits."""
+
+    path: Path
+    meta: dict
+    vocab: Vocabulary
+    bpe_codes: str
+
+    @classmethod
+    def open(cls, path: str | Path) -> DataDir:
+        """Open a prepared directory; refuse one without meta.json (incomplete)."""
+        path = Path(path)
+        if not path.is_dir():
+            raise NmtError(f"{path}: no such data directory")
+        meta_path = path / "meta.json"
+        if not meta_path.exists():
+            raise NmtError(f"{path}: no meta.json; the directory is incomplete (re-run nmt prepare)")
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise NmtError(f"{meta_path}: not valid JSON ({e})") from None
+        vocab = Vocabulary.load(path / "vocab.txt")
+        codes_path = path / "bpe.codes"
+        codes = codes_path.read_text(encoding="utf-8") if codes_path.exists() else ""
+        return cls(path, meta, vocab, codes)
+
+    @property
+    def source_lang(self) -> str:
+        return self.meta["source_lang"]
+
+    @property
+    def target_lang(self) -> str:
+        return self.meta["target_lang"]
+
+    def split(self, name: str) -> ParallelCorpus:
+        """The binarized source/target pair of one split."""
+        if name not in self.meta["splits"]:
+            raise NmtError(f"{self.path}: no split named {name!r} (have {', '.join(self.meta['splits'])})")
+        dtype = np.dtype(self.meta["token_dtype"])
+        src = IndexedDataset(self.path / f"{name}.{self.source_lang}", dtype)
+        tgt = IndexedDataset(self.path / f"{name}.{self.target_lang}", dtype)
+        return ParallelCorpus(src, tgt)
+
+
+@dataclass
+class ParallelCorpus:
+    """Aligned source and target sentences (ids without </s>)."""
+
+    src: IndexedDataset
+    tgt: IndexedDataset
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+
+def make_batches(src_sizes: np.ndarray, tgt_sizes: np.ndarray, max_tokens: int, seed: int) -> list[np.ndarray]:
+    """Group sentence indices into batches whose padded size (with </s>) stays within `max_tokens`.
+
+    Sentences are sorted by target then source length, ties broken by a seeded shuffle, and
+    packed greedily; a batch costs `count * max(longest source, longest target)` tokens.
+    """
+    n = len(src_sizes)
+    if n == 0:
+        return []
+    tiebreak = np.random.default_rng(seed).permutation(n)
+    order = tiebreak[np.lexsort((src_sizes[tiebreak], tgt_sizes[tiebreak]))]
+    cost = np.maximum(src_sizes, tgt_sizes)[order] + 1  # +1 for </s> (or <s> on the decoder input)
+    batches: list[np.ndarray] = []
+    start, longest = 0, 0
+    for i in range(n):
+        longest_with = max(longest, int(cost[i]))
+        if i > start and longest_with * (i - start + 1) > max_tokens:
+            batches.append(order[start:i])
+            start, longest_with = i, int(cost[i])
+        longest = longest_with
+    batches.append(order[start:])
+    return batches
+
+
+def shuffled(batches: list[np.ndarray], seed: int, epoch: int) -> list[np.ndarray]:
+    """The batches in the order of one epoch: a permutation fixed by (seed, epoch)."""
+    perm = np.random.default_rng([seed, epoch]).permutation(len(batches))
+    return [batches[i] for i in perm]
+
+
+@dataclass
+class Batch:
+    """Padded tensors for one batch. Shapes: src (B, S); prev_output and target (B, T)."""
+
+    src: torch.Tensor
+    prev_output: torch.Tensor
+    target: torch.Tensor
+    ntokens: int  # target tokens, </s> included, padding excluded
+
+    def to(self, device: torch.device) -> Batch:
+        return Batch(self.src.to(device), self.prev_output.to(device), self.target.to(device), self.ntokens)
+
+
+def collate(corpus: ParallelCorpus, indices: np.ndarray, vocab: Vocabulary) -> Batch:
+    """Pad a batch: source + </s>; decoder input <s> + target; decoder target target + </s>."""
+    srcs = [corpus.src[int(i)] for i in indices]
+    tgts = [corpus.tgt[int(i)] for i in indices]
+    bsz = len(indices)
+    s_len = max(len(s) for s in srcs) + 1
+    t_len = max(len(t) for t in tgts) + 1
+    src = torch.full((bsz, s_len), vocab.pad, dtype=torch.long)
+    prev = torch.full((bsz, t_len), vocab.pad, dtype=torch.long)
+    target = torch.full((bsz, t_len), vocab.pad, dtype=torch.long)
+    for b, (s, t) in enumerate(zip(srcs, tgts)):
+        src[b, : len(s)] = torch.from_numpy(s.astype(np.int64))
+        src[b, len(s)] = vocab.eos
+        tt = torch.from_numpy(t.astype(np.int64))
+        prev[b, 0] = vocab.bos
+        prev[b, 1 : len(t) + 1] = tt
+        target[b, : len(t)] = tt
+        target[b, len(t)] = vocab.eos
+    ntokens = int(sum(len(t) + 1 for t in tgts))
+    return Batch(src, prev, target, ntokens)

@@ -1,0 +1,80 @@
+"""torchrun integration: read RANK / WORLD_SIZE / LOCAL_RANK, NCCL on CUDA, gloo on CPU."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .errors import NmtError
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process sits among the training processes."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def resolve_device(requested: str | None, local_rank: int = 0) -> torch.device:
+    """`cpu`, `cuda` (this process's GPU under torchrun) or None for CUDA when present; clear error without CUDA."""
+    if requested is None:
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cpu":
+        return torch.device("cpu")
+    if requested.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise NmtError("--device cuda asked for, but no CUDA device is available (use --device cpu)")
+        if requested == "cuda":
+            return torch.device("cuda", local_rank % torch.cuda.device_count())
+        return torch.device(requested)
+    raise NmtError(f"unknown --device {requested!r} (use cpu or cuda)")
+
+
+def init_distributed(device: torch.device) -> DistContext:
+    """Join the process group torchrun set up (no-op for a single process)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistContext()
+    ctx = DistContext(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")))
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
+    return ctx
+
+
+def all_reduce_sum(values: list[float], ctx: DistContext, device: torch.device) -> list[float]:
+    """Sum a few numbers over all processes (float64)."""
+    if not ctx.enabled:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def gather_objects(obj, ctx: DistContext) -> list:
+    """Every process's `obj`, in rank order (on every process)."""
+    if not ctx.enabled:
+        return [obj]
+    out = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def shutdown(ctx: DistContext) -> None:
+    if ctx.enabled and dist.is_initialized():
+        dist.destroy_process_group()

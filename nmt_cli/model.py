@@ -1,0 +1,305 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), section 3.
+
+Shapes in comments: B batch, S source length, T target length, d model width, h heads,
+dk = d / h, V vocabulary, N = B * beam rows during beam search.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields, replace
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .errors import NmtError
+from .ops import dropout
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Hyperparameters of the model; saved inside every checkpoint."""
+
+    vocab_size: int
+    layers: int = 6
+    d_model: int = 512
+    ffn: int = 2048
+    heads: int = 8
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    pre_norm: bool = False
+    max_positions: int = 1024
+    pad: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ModelConfig:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+PRESETS: dict[str, dict] = {
+    "tiny": dict(layers=2, d_model=64, ffn=128, heads=4, dropout=0.1),
+    "small": dict(layers=3, d_model=256, ffn=1024, heads=4, dropout=0.3),
+    "base": dict(layers=6, d_model=512, ffn=2048, heads=8, dropout=0.1),
+    "big": dict(layers=6, d_model=1024, ffn=4096, heads=16, dropout=0.3),
+}
+
+
+def make_config(arch: str, vocab_size: int, pad: int = 0, **overrides) -> ModelConfig:
+    """A preset's config with the overrides that are not None applied."""
+    if arch not in PRESETS:
+        raise NmtError(f"unknown --arch {arch!r} (choose from {', '.join(PRESETS)})")
+    config = ModelConfig(vocab_size=vocab_size, pad=pad, **PRESETS[arch])
+    config = replace(config, **{k: v for k, v in overrides.items() if v is not None})
+    if config.d_model % config.heads:
+        raise NmtError(f"--d-model {config.d_model} is not divisible by --heads {config.heads}")
+    return config
+
+
+def sinusoidal_positions(length: int, d_model: int) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...) (section 3.5). Shape (length, d)."""
+    position = torch.arange(length, dtype=torch.float32).unsqueeze(1)
+    inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    pe = torch.zeros(length, d_model)
+    pe[:, 0::2] = torch.sin(position * inv_freq)
+    pe[:, 1::2] = torch.cos(position * inv_freq[: d_model // 2])
+    return pe
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1..h) W^O (section 3.2.2), via scaled_dot_product_attention."""
+
+    def __init__(self, d_model: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        self.heads, self.dk, self.dropout = heads, d_model // heads, dropout
+        self.in_proj = nn.Linear(d_model, 3 * d_model)  # W^Q, W^K, W^V stacked
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def _split(self, x: Tensor) -> Tensor:  # (B, L, d) -> (B, h, L, dk)
+        return x.unflatten(-1, (self.heads, self.dk)).transpose(1, 2)
+
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values of self-attention, each (B, h, L, dk)."""
+        q, k, v = self.in_proj(x).chunk(3, dim=-1)
+        return self._split(q), self._split(k), self._split(v)
+
+    def project_q(self, x: Tensor) -> Tensor:
+        d = self.heads * self.dk
+        return self._split(F.linear(x, self.in_proj.weight[:d], self.in_proj.bias[:d]))
+
+    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of cross-attention over the encoder output, each (B, h, S, dk)."""
+        d = self.heads * self.dk
+        k, v = F.linear(memory, self.in_proj.weight[d:], self.in_proj.bias[d:]).chunk(2, dim=-1)
+        return self._split(k), self._split(v)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
+        """Attention(Q, K, V) = softmax(QK^T / sqrt(dk)) V (eq. 1), heads merged and projected. (B, Lq, d)."""
+        p = self.dropout if self.training else 0.0
+        if q.device.type == "cpu" and (q.dtype == torch.bfloat16 or torch.is_autocast_enabled("cpu")):
+            # PyTorch's CPU attention kernels are several times slower in bf16 than in fp32 (forward and
+            # backward); the attention itself is cheap next to the projections, so run it in fp32.
+            with torch.autocast("cpu", enabled=False):
+                out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, dropout_p=p,
+                                                     is_causal=causal).to(q.dtype)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
+        return self.out_proj(out.transpose(1, 2).flatten(2))
+
+
+class PositionwiseFeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (eq. 2)."""
+
+    def __init__(self, d_model: int, ffn: int) -> None:
+        super().__init__()
+        self.w1, self.w2 = nn.Linear(d_model, ffn), nn.Linear(ffn, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.relu(self.w1(x)))
+
+
+class SublayerConnection(nn.Module):
+    """LayerNorm(x + Dropout(Sublayer(x))) (section 5.4), or x + Dropout(Sublayer(LayerNorm(x))) pre-norm."""
+
+    def __init__(self, d_model: int, dropout: float, pre_norm: bool) -> None:
+        super().__init__()
+        self.norm, self.dropout, self.pre_norm = nn.LayerNorm(d_model), dropout, pre_norm
+
+    def forward(self, x: Tensor, sublayer) -> Tensor:
+        # Under autocast the sublayer returns bf16/fp16 while the residual stream stays fp32; cast before the
+        # add, because mixed-dtype elementwise kernels are several times slower on CPU.
+        if self.pre_norm:
+            return x + dropout(sublayer(self.norm(x)), self.dropout, self.training).to(x.dtype)
+        return self.norm(x + dropout(sublayer(x), self.dropout, self.training).to(x.dtype))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, c: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(c.d_model, c.heads, c.attention_dropout)
+        self.feed_forward = PositionwiseFeedForward(c.d_model, c.ffn)
+        self.sublayer = nn.ModuleList(SublayerConnection(c.d_model, c.dropout, c.pre_norm) for _ in range(2))
+
+    def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
+        x = self.sublayer[0](x, lambda y: self.self_attn.attend(*self.self_attn.project_qkv(y), mask=src_mask))
+        return self.sublayer[1](x, self.feed_forward)
+
+
+class KVCache:
+    """Preallocated self-attention keys and values of one decoder layer, (N, h, max_len, dk) each."""
+
+    def __init__(self, rows: int, heads: int, max_len: int, dk: int, like: Tensor) -> None:
+        self.k = like.new_empty(rows, heads, max_len, dk)
+        self.v = like.new_empty(rows, heads, max_len, dk)
+        self.length = 0
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store one step's (N, h, 1, dk) keys and values; return all so far, (N, h, t, dk)."""
+        t = self.length
+        self.k[:, :, t : t + 1] = k
+        self.v[:, :, t : t + 1] = v
+        self.length = t + 1
+        return self.k[:, :, : t + 1], self.v[:, :, : t + 1]
+
+    def reorder(self, rows: Tensor) -> None:
+        """Keep only `rows` (N',) in the given order: beam search's backpointers."""
+        t = self.length
+        self.k = self.k.index_select(0, rows)
+        self.v = self.v.index_select(0, rows)
+        self.length = t
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(c.d_model, c.heads, c.attention_dropout)
+        self.cross_attn = MultiHeadAttention(c.d_model, c.heads, c.attention_dropout)
+        self.feed_forward = PositionwiseFeedForward(c.d_model, c.ffn)
+        self.sublayer = nn.ModuleList(SublayerConnection(c.d_model, c.dropout, c.pre_norm) for _ in range(3))
+
+    def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], src_mask: Tensor, cache: KVCache | None = None,
+                ) -> Tensor:
+        """x (N, T, d); memory_kv (B, h, S, dk) each with N = B * beam; cache given means T == 1."""
+
+        def self_attention(y: Tensor) -> Tensor:
+            q, k, v = self.self_attn.project_qkv(y)
+            if cache is None:
+                return self.self_attn.attend(q, k, v, causal=True)
+            k, v = cache.append(k, v)
+            return self.self_attn.attend(q, k, v)
+
+        def cross_attention(y: Tensor) -> Tensor:
+            k, v = memory_kv
+            beam = y.shape[0] // k.shape[0]
+            if beam == 1:
+                return self.cross_attn.attend(self.cross_attn.project_q(y), k, v, mask=src_mask)
+            # Beam search: the `beam` single-step queries of a sentence become that sentence's query
+            # sequence, so the encoder keys/values are never copied per hypothesis.
+            q = self.cross_attn.project_q(y.reshape(k.shape[0], beam, -1))  # (B, h, beam, dk)
+            return self.cross_attn.attend(q, k, v, mask=src_mask).reshape(y.shape)
+
+        x = self.sublayer[0](x, self_attention)
+        x = self.sublayer[1](x, cross_attention)
+        return self.sublayer[2](x, self.feed_forward)
+
+
+class DecoderState:
+    """Everything incremental decoding keeps between steps: cross-attention keys/values and self-attention caches."""
+
+    def __init__(self, memory_kv: list[tuple[Tensor, Tensor]], src_mask: Tensor, caches: list[KVCache]) -> None:
+        self.memory_kv, self.src_mask, self.caches = memory_kv, src_mask, caches
+        self.step = 0
+
+    def reorder(self, rows: Tensor, sentences: Tensor | None = None) -> None:
+        """Reorder hypotheses to `rows` (N',); when sentences finished, keep only `sentences` (B',)."""
+        for cache in self.caches:
+            cache.reorder(rows)
+        if sentences is not None:
+            self.memory_kv = [(k.index_select(0, sentences), v.index_select(0, sentences)) for k, v in self.memory_kv]
+            self.src_mask = self.src_mask.index_select(0, sentences)
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer with one embedding matrix for source, target and output (section 3.4)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        c = self.config = config
+        self.embed = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad)
+        self.register_buffer("positions", sinusoidal_positions(c.max_positions, c.d_model), persistent=False)
+        self.encoder = nn.ModuleList(EncoderLayer(c) for _ in range(c.layers))
+        self.decoder = nn.ModuleList(DecoderLayer(c) for _ in range(c.layers))
+        # Pre-norm stacks end in a LayerNorm of their own; post-norm ones are already normalized.
+        self.encoder_norm = nn.LayerNorm(c.d_model) if c.pre_norm else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(c.d_model) if c.pre_norm else nn.Identity()
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform projections, N(0, d^-1/2) embeddings (so scaled embeddings have unit variance)."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                nn.init.zeros_(module.bias)
+        nn.init.normal_(self.embed.weight, mean=0.0, std=self.config.d_model**-0.5)
+        with torch.no_grad():
+            self.embed.weight[self.config.pad].zero_()
+
+    def _embed(self, tokens: Tensor, offset: int = 0) -> Tensor:
+        c = self.config
+        length = tokens.shape[1]
+        if offset + length > c.max_positions:
+            raise NmtError(f"sequence of {offset + length} tokens exceeds the model's {c.max_positions} positions")
+        x = self.embed(tokens) * math.sqrt(c.d_model) + self.positions[offset : offset + length]
+        return dropout(x, c.dropout, self.training)
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """src (B, S) -> encoder output (B, S, d) and key mask (B, 1, 1, S), True where not padding."""
+        src_mask = (src != self.config.pad)[:, None, None, :]
+        x = self._embed(src)
+        for layer in self.encoder:
+            x = layer(x, src_mask)
+        return self.encoder_norm(x), src_mask
+
+    def memory_kv(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Cross-attention keys and values of every decoder layer, computed once per sentence."""
+        return [layer.cross_attn.project_kv(memory) for layer in self.decoder]
+
+    def decode(self, prev_output: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+        """Teacher-forced decoder: prev_output (B, T) -> hidden states (B, T, d)."""
+        x = self._embed(prev_output)
+        for layer, kv in zip(self.decoder, self.memory_kv(memory)):
+            x = layer(x, kv, src_mask)
+        return self.decoder_norm(x)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """Output projection with the shared embedding matrix: (..., d) -> (..., V)."""
+        return F.linear(hidden, self.embed.weight)
+
+    def forward(self, src: Tensor, prev_output: Tensor) -> Tensor:
+        """Decoder hidden states (B, T, d) for teacher forcing; apply `logits` to the positions you need."""
+        memory, src_mask = self.encode(src)
+        return self.decode(prev_output, memory, src_mask)
+
+    def start_decoding(self, memory: Tensor, src_mask: Tensor, beam: int, max_len: int) -> DecoderState:
+        """Incremental decoding state for B sentences with `beam` hypotheses each and up to `max_len` steps."""
+        c = self.config
+        rows = memory.shape[0] * beam
+        caches = [KVCache(rows, c.heads, max_len, c.d_model // c.heads, memory) for _ in self.decoder]
+        return DecoderState(self.memory_kv(memory), src_mask, caches)
+
+    def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
+        """One decoder step: tokens (N,) of the current position -> next-token logits (N, V)."""
+        x = self._embed(tokens[:, None], offset=state.step)  # (N, 1, d)
+        for layer, kv, cache in zip(self.decoder, state.memory_kv, state.caches):
+            x = layer(x, kv, state.src_mask, cache)
+        state.step += 1
+        return self.logits(self.decoder_norm(x[:, 0]))
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of distinct trainable parameters (the shared embedding counted once)."""
+    return sum(p.numel() for p in model.parameters())

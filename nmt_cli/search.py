@@ -1,0 +1,168 @@
+"""Greedy and beam search over an ensemble of Transformers, with incremental (KV-cached) decoding."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .model import DecoderState, Transformer
+
+
+def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
+    """GNMT length penalty ((5 + |Y|) / 6) ** alpha (Wu et al., 2016, eq. 14)."""
+    return ((5 + length) / 6.0) ** alpha
+
+
+@dataclass
+class Hypothesis:
+    """A finished translation: token ids (without </s>) and its length-normalized log-probability."""
+
+    tokens: list[int]
+    score: float
+
+
+class EnsembleModel:
+    """N models behind one decoder interface; their log-probabilities are averaged (in probability space)."""
+
+    def __init__(self, models: Sequence[Transformer]) -> None:
+        self.models = list(models)
+        first = self.models[0].config
+        self.pad, self.vocab_size = first.pad, first.vocab_size
+        self.max_positions = min(m.config.max_positions for m in self.models)
+
+    def start(self, src: Tensor, beam: int, max_len: int) -> list[DecoderState]:
+        """Encode src (B, S) with every model; decoding state for B x beam hypotheses."""
+        states = []
+        for model in self.models:
+            memory, mask = model.encode(src)
+            states.append(model.start_decoding(memory, mask, beam, max_len))
+        return states
+
+    def step(self, tokens: Tensor, states: list[DecoderState]) -> Tensor:
+        """Next-token log-probabilities (N, V), float32, given the last tokens (N,)."""
+        lprobs = [torch.log_softmax(m.decode_step(tokens, s).float(), dim=-1) for m, s in zip(self.models, states)]
+        if len(lprobs) == 1:
+            return lprobs[0]
+        return torch.logsumexp(torch.stack(lprobs), dim=0) - math.log(len(lprobs))
+
+    @staticmethod
+    def reorder(states: list[DecoderState], rows: Tensor, sentences: Tensor | None = None) -> None:
+        for state in states:
+            state.reorder(rows, sentences)
+
+
+def max_lengths(src: Tensor, pad: int, eos: int, a: float, b: int, limit: int) -> Tensor:
+    """Per sentence, the most output tokens before </s>: a * source length + b, within the model's positions."""
+    src_len = ((src != pad) & (src != eos)).sum(1)
+    return (src_len.float() * a + b).floor().long().clamp(min=0, max=limit - 2)
+
+
+@torch.inference_mode()
+def greedy_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, max_len_a: float = 1.0,
+                  max_len_b: int = 50) -> list[Hypothesis]:
+    """Most likely token at each step; finished sentences leave the batch. src (B, S) -> one hypothesis each."""
+    bsz = src.shape[0]
+    limits = max_lengths(src, ensemble.pad, eos, max_len_a, max_len_b, ensemble.max_positions)
+    states = ensemble.start(src, 1, int(limits.max()) + 1)
+    active = torch.arange(bsz, device=src.device)  # original index of each row
+    tokens = torch.full((bsz,), bos, dtype=torch.long, device=src.device)
+    outputs: list[list[int]] = [[] for _ in range(bsz)]
+    scores = [0.0] * bsz
+    for step in range(int(limits.max()) + 1):
+        lprobs = ensemble.step(tokens, states)  # (N, V)
+        lprobs[:, ensemble.pad] = -math.inf
+        lprobs[:, bos] = -math.inf
+        at_limit = limits[active] <= step
+        if at_limit.any():
+            lprobs[at_limit] = torch.where(torch.arange(lprobs.shape[1], device=src.device) == eos, 0.0, -math.inf)
+        best_lp, tokens = lprobs.max(dim=-1)
+        done = tokens == eos
+        for i, tok, lp in zip(active.tolist(), tokens.tolist(), best_lp.tolist()):
+            scores[i] += lp
+            if tok != eos:
+                outputs[i].append(tok)
+        if done.all():
+            break
+        if done.any():
+            keep = (~done).nonzero().squeeze(1)
+            ensemble.reorder(states, keep, keep)
+            active, tokens = active[keep], tokens[keep]
+    return [Hypothesis(out, s / (len(out) + 1)) for out, s in zip(outputs, scores)]
+
+
+@torch.inference_mode()
+def beam_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, beam: int = 4, lenpen: float = 0.6,
+                max_len_a: float = 1.0, max_len_b: int = 50, nbest: int = 1) -> list[list[Hypothesis]]:
+    """Batched beam search; src (B, S) -> the `nbest` best finished hypotheses per sentence, best first.
+
+    A hypothesis's score is its log-probability divided by the GNMT length penalty of its length
+    (</s> included). A sentence stops when no open hypothesis can still beat its `nbest`-th finished one:
+    an open hypothesis with log-probability s can at best reach s / lp(max length), since s only falls.
+    """
+    nbest = min(nbest, beam)
+    bsz, device = src.shape[0], src.device
+    vocab = ensemble.vocab_size
+    limits = max_lengths(src, ensemble.pad, eos, max_len_a, max_len_b, ensemble.max_positions)
+    states = ensemble.start(src, beam, int(limits.max()) + 1)
+    finished: list[list[Hypothesis]] = [[] for _ in range(bsz)]
+    active = torch.arange(bsz, device=device)  # original index of each active sentence, (B',)
+    scores = torch.full((bsz, beam), -math.inf, device=device)  # log-probability of each open hypothesis
+    scores[:, 0] = 0.0  # all beams start identical; keep one so the first step does not pick duplicates
+    history = torch.full((bsz * beam, 1), bos, dtype=torch.long, device=device)  # (N, t)
+    eos_only = torch.full((vocab,), -math.inf, device=device)
+    eos_only[eos] = 0.0
+    for step in range(int(limits.max()) + 1):
+        n_active = active.shape[0]
+        lprobs = ensemble.step(history[:, -1], states)  # (N, V)
+        lprobs[:, ensemble.pad] = -math.inf
+        lprobs[:, bos] = -math.inf
+        at_limit = (limits[active] <= step).repeat_interleave(beam)
+        if at_limit.any():
+            lprobs[at_limit] = eos_only
+        candidates = (scores.unsqueeze(-1) + lprobs.view(n_active, beam, vocab)).view(n_active, beam * vocab)
+        top_scores, top_index = candidates.topk(min(2 * beam, beam * vocab), dim=1)  # (B', 2*beam)
+        top_beam, top_token = top_index // vocab, top_index % vocab
+        is_eos = (top_token == eos) & torch.isfinite(top_scores)
+
+        # Finished hypotheses: every </s> candidate among the 2*beam best.
+        penalty = length_penalty(step + 1, lenpen)
+        if is_eos.any():
+            for b, k in is_eos.nonzero().tolist():
+                row = b * beam + int(top_beam[b, k])
+                tokens = history[row, 1:].tolist()
+                finished[int(active[b])].append(Hypothesis(tokens, float(top_scores[b, k]) / penalty))
+
+        # Open hypotheses: the `beam` best candidates that do not end in </s>.
+        open_scores = top_scores.masked_fill(is_eos | (top_token == eos), -math.inf)
+        open_scores, pick = open_scores.topk(beam, dim=1)  # (B', beam)
+        open_beam, open_token = top_beam.gather(1, pick), top_token.gather(1, pick)
+
+        # A sentence is done when no open hypothesis can beat its nbest-th finished one.
+        best_open = open_scores[:, 0]
+        bound = best_open / length_penalty(limits[active].float() + 1, lenpen)
+        done = torch.zeros(n_active, dtype=torch.bool)
+        for b in range(n_active):
+            hyps = finished[int(active[b])]
+            if len(hyps) >= nbest:
+                hyps.sort(key=lambda h: -h.score)
+                del hyps[beam:]
+                done[b] = not math.isfinite(float(best_open[b])) or float(bound[b]) <= hyps[nbest - 1].score
+            elif not math.isfinite(float(best_open[b])):
+                done[b] = True
+        if bool(done.all()):
+            break
+        keep = (~done).nonzero().squeeze(1).to(device)  # (B'',)
+        rows = ((keep * beam).unsqueeze(1) + open_beam[keep]).view(-1)  # (B'' * beam,)
+        history = torch.cat([history.index_select(0, rows), open_token[keep].view(-1, 1)], dim=1)
+        scores = open_scores[keep]
+        ensemble.reorder(states, rows, keep if len(keep) < n_active else None)
+        active = active[keep]
+    out = []
+    for hyps in finished:
+        hyps.sort(key=lambda h: -h.score)
+        out.append(hyps[:nbest])
+    return out

@@ -1,0 +1,78 @@
+"""Moses tokenization (sacremoses) and joint BPE (subword-nmt): learn, apply, undo."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from collections import Counter
+from functools import lru_cache
+
+from sacremoses import MosesDetokenizer, MosesTokenizer
+from subword_nmt.apply_bpe import BPE
+from subword_nmt.learn_bpe import learn_bpe as _subword_learn_bpe
+
+BPE_SEPARATOR = "@@"
+
+
+@lru_cache(maxsize=8)
+def _tokenizer(lang: str) -> MosesTokenizer:
+    return MosesTokenizer(lang=lang)
+
+
+@lru_cache(maxsize=8)
+def _detokenizer(lang: str) -> MosesDetokenizer:
+    return MosesDetokenizer(lang=lang)
+
+
+def tokenize(line: str, lang: str) -> str:
+    """Moses-tokenize one line: no XML escaping, aggressive hyphen splitting (``a @-@ b``)."""
+    return _tokenizer(lang).tokenize(line, escape=False, aggressive_dash_splits=True, return_str=True)
+
+
+def detokenize(line: str, lang: str) -> str:
+    """Undo `tokenize`: Moses detokenization, with ``@-@`` hyphens joined back."""
+    return _detokenizer(lang).detokenize(line.split(), return_str=True, unescape=False)
+
+
+def remove_bpe(line: str) -> str:
+    """Join BPE pieces (``ne@@ w`` -> ``new``)."""
+    return (line + " ").replace(BPE_SEPARATOR + " ", "").rstrip()
+
+
+def learn_bpe(word_counts: Counter[str], merges: int, min_frequency: int = 2) -> str:
+    """Learn `merges` BPE merge operations from word counts; return the codes file text."""
+    dictionary = io.StringIO("".join(f"{w} {c}\n" for w, c in sorted(word_counts.items())))
+    out = io.StringIO()
+    with contextlib.redirect_stderr(io.StringIO()):  # subword-nmt draws its own tqdm bar
+        _subword_learn_bpe(dictionary, out, merges, min_frequency=min_frequency, is_dict=True)
+    return out.getvalue()
+
+
+class BpeApplier:
+    """Applies BPE codes to tokenized lines, caching each word's segmentation."""
+
+    def __init__(self, codes: str) -> None:
+        self._bpe = BPE(io.StringIO(codes), separator=BPE_SEPARATOR)
+        self._cache: dict[str, str] = {}
+
+    def __call__(self, line: str) -> str:
+        """Segment one tokenized line into BPE pieces."""
+        out = []
+        cache = self._cache
+        for word in line.split():
+            pieces = cache.get(word)
+            if pieces is None:
+                pieces = " ".join(self._bpe.segment_tokens([word]))
+                cache[word] = pieces
+            out.append(pieces)
+        return " ".join(out)
+
+
+_COMPOUND = re.compile(r"(\S)-(\S)")
+
+
+def split_compounds(line: str) -> str:
+    """tensor2tensor's get_ende_bleu.sh compound split: ``a-b`` -> ``a ##AT##-##AT## b``."""
+    # One non-overlapping pass, exactly like the script's perl `s{(\S)-(\S)}{...}g`.
+    return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", line)

@@ -1,0 +1,85 @@
+"""Reading text files (plain or gzip) strictly as UTF-8, and writing files atomically."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from .errors import NmtError
+
+
+def _open_binary(path: Path):
+    if not path.exists():
+        raise NmtError(f"{path}: no such file")
+    if path.is_dir():
+        raise NmtError(f"{path}: is a directory, expected a text file")
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def iter_lines(path: str | Path) -> Iterator[str]:
+    """Yield the lines of a UTF-8 text file (optionally .gz) without their newline.
+
+    Raises NmtError naming the file and line for bytes that are not UTF-8.
+    """
+    path = Path(path)
+    try:
+        with _open_binary(path) as f:
+            for number, raw in enumerate(f, start=1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise NmtError(f"{path}:{number}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+                yield line.rstrip("\n").rstrip("\r")
+    except (OSError, EOFError) as e:
+        if isinstance(e, gzip.BadGzipFile) or isinstance(e, EOFError):
+            raise NmtError(f"{path}: corrupt gzip file ({e})") from None
+        raise NmtError(f"{path}: cannot read ({e.strerror or e})") from None
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """All lines of a UTF-8 text file (optionally .gz), newlines stripped."""
+    return list(iter_lines(path))
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex SHA-256 of a file's bytes as stored."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.chmod(tmp_path, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file the usual mode
+        os.replace(tmp_path, path)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def write_lines(path: str | Path, lines: list[str]) -> None:
+    """Write lines (newline-terminated, UTF-8) to `path` atomically."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+            for line in lines:
+                f.write(line)
+                f.write("\n")

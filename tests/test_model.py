@@ -1,0 +1,114 @@
+"""The model's pieces: incremental decoding, the learning-rate schedule, and the fast ops."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nmt_cli.model import Transformer, make_config, sinusoidal_positions
+from nmt_cli.ops import dropout, linear_cross_entropy
+from nmt_cli.train import inverse_sqrt_lr
+
+
+def _model(pre_norm: bool = False, vocab: int = 40) -> Transformer:
+    torch.manual_seed(0)
+    model = Transformer(make_config("tiny", vocab, pre_norm=pre_norm))
+    return model.eval()
+
+
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_cached_decoding_equals_full_recomputation(pre_norm):
+    model = _model(pre_norm)
+    src = torch.randint(4, 40, (3, 9))
+    src[1, 6:] = 0  # padding
+    src[:, -1] = 2
+    prev = torch.randint(4, 40, (3, 7))
+    prev[:, 0] = 1
+    with torch.no_grad():
+        memory, mask = model.encode(src)
+        full = torch.log_softmax(model.logits(model.decode(prev, memory, mask)), -1)  # (B, T, V)
+        state = model.start_decoding(memory, mask, beam=1, max_len=10)
+        steps = [torch.log_softmax(model.decode_step(prev[:, t], state), -1) for t in range(7)]
+    torch.testing.assert_close(torch.stack(steps, 1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_cached_decoding_with_beam_reorder():
+    """Rows reordered mid-sequence (beam backpointers, dropped sentences) keep matching recomputation."""
+    model = _model()
+    src = torch.randint(4, 40, (2, 6))
+    beam = 3
+    prev = torch.randint(4, 40, (2 * beam, 6))
+    prev[:, 0] = 1
+    with torch.no_grad():
+        memory, mask = model.encode(src)
+        state = model.start_decoding(memory, mask, beam=beam, max_len=8)
+        for t in range(3):
+            model.decode_step(prev[:, t], state)
+        # reorder: row r takes the history of rows `order`, and sentence 0 is dropped
+        order = torch.tensor([5, 3, 3])
+        state.reorder(order, sentences=torch.tensor([1]))
+        history = prev[order]
+        cached = [torch.log_softmax(model.decode_step(history[:, t], state), -1) for t in range(3, 6)]
+        mem1, mask1 = memory[1:], mask[1:]
+        full = torch.log_softmax(model.logits(model.decode(history, mem1.expand(3, -1, -1), mask1.expand(3, -1, -1, -1))), -1)
+    torch.testing.assert_close(torch.stack(cached, 1), full[:, 3:6], atol=1e-5, rtol=1e-5)
+
+
+def test_shared_embeddings_and_presets():
+    model = _model()
+    assert model.logits(torch.zeros(1, 64)).shape == (1, 40)
+    assert sum(p.data_ptr() == model.embed.weight.data_ptr() for p in model.parameters()) == 1
+    base = make_config("base", 37000)
+    big = make_config("big", 37000)
+    assert (base.layers, base.d_model, base.ffn, base.heads, base.dropout) == (6, 512, 2048, 8, 0.1)
+    assert (big.d_model, big.ffn, big.heads, big.dropout) == (1024, 4096, 16, 0.3)
+    assert make_config("small", 100, d_model=512, heads=8).d_model == 512
+    pe = sinusoidal_positions(50, 16)
+    assert pe[3, 0] == pytest.approx(math.sin(3)) and pe[3, 1] == pytest.approx(math.cos(3))
+    assert pe[7, 4] == pytest.approx(math.sin(7 / 10000 ** (4 / 16)), rel=1e-5)
+
+
+def test_learning_rate_follows_equation_3():
+    d, warmup = 512, 4000
+    for step in (1, 100, 3999, 4000, 4001, 20000, 100000):
+        expected = d**-0.5 * min(step**-0.5, step * warmup**-1.5)
+        assert inverse_sqrt_lr(step, d, warmup) == pytest.approx(expected)
+    assert inverse_sqrt_lr(4000, d, warmup, scale=2.0) == pytest.approx(2 * 512**-0.5 * 4000**-0.5)
+    # peak at the end of warmup, then decay as step^-0.5
+    assert inverse_sqrt_lr(4000, d, warmup) > inverse_sqrt_lr(3000, d, warmup)
+    assert inverse_sqrt_lr(16000, d, warmup) == pytest.approx(inverse_sqrt_lr(4000, d, warmup) / 2)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_linear_cross_entropy_matches_reference(smoothing):
+    torch.manual_seed(0)
+    hidden = torch.randn(700, 24, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(90, 24, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(0, 90, (700,))
+    fused = linear_cross_entropy(hidden, weight, target, smoothing, chunk=256)
+    fused.backward(torch.tensor(0.5, dtype=torch.float64))
+    grads = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    reference = F.cross_entropy(hidden @ weight.t(), target, label_smoothing=smoothing, reduction="sum")
+    (0.5 * reference).backward()
+    assert float(fused.detach()) == pytest.approx(float(reference.detach()), rel=1e-6)
+    torch.testing.assert_close(grads[0], hidden.grad, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(grads[1], weight.grad, atol=1e-5, rtol=1e-4)
+    with torch.no_grad():
+        assert float(linear_cross_entropy(hidden, weight, target, smoothing)) == pytest.approx(float(reference), rel=1e-6)
+
+
+def test_dropout_rate_and_expectation():
+    torch.manual_seed(0)
+    x = torch.ones(400_000)
+    y = dropout(x, 0.3, training=True)
+    assert float((y == 0).float().mean()) == pytest.approx(0.3, abs=0.005)
+    assert float(y.mean()) == pytest.approx(1.0, abs=0.01)
+    assert dropout(x, 0.3, training=False) is x
+    x.requires_grad_()
+    y = dropout(x, 0.5, training=True)
+    y.sum().backward()
+    assert torch.equal(x.grad, (y != 0).float() * 2.0)

