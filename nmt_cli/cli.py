@@ -108,7 +108,8 @@ def apply_bpe_cmd(
     codes: Annotated[Path, typer.Option("--codes", "-c", help="BPE codes file.")],
     input: Annotated[Optional[Path], typer.Option("--input", "-i", help="Tokenized input (default stdin).")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output file (default stdout).")] = None,
-    tokenize_lang: Annotated[Optional[str], typer.Option("--tokenize", help="Moses-tokenize input first (language).")] = None,
+    tokenize_lang: Annotated[Optional[str], typer.Option(
+        "--tokenize", help="Moses-tokenize input first (language).")] = None,
 ) -> None:
     """Segment text with BPE codes (optionally Moses-tokenizing it first)."""
     from . import text
@@ -153,7 +154,8 @@ def binarize_cmd(
 
     if out.exists() and not force:
         raise NmtError(f"{out}: already exists (use --force to overwrite)")
-    splits = {"train": train, "valid": valid, **{("test" if i == 0 else f"test{i}"): p for i, p in enumerate(test or [])}}
+    splits = {"train": train, "valid": valid}
+    splits.update({("test" if i == 0 else f"test{i}"): p for i, p in enumerate(test or [])})
     segmented, raw, inputs = {}, {}, {}
     for name, prefix in splits.items():
         src, tgt, sp, tp = read_parallel(prefix, source_lang, target_lang)
@@ -302,7 +304,8 @@ def translate_cmd(
     max_len_a: Annotated[float, typer.Option(help="Max output length = a * source length + b.")] = 1.0,
     max_len_b: Annotated[int, typer.Option()] = 50,
     batch_size: Annotated[int, typer.Option(help="Sentences per batch.")] = 64,
-    max_tokens: Annotated[Optional[int], typer.Option(help="Source tokens per batch (instead of --batch-size).")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(
+        help="Source tokens per batch (instead of --batch-size).")] = None,
     nbest: Annotated[int, typer.Option(help="Hypotheses per input; >1 prints LINE<TAB>SCORE<TAB>TEXT lines.")] = 1,
     greedy: Annotated[bool, typer.Option(help="Greedy decoding (no beam machinery).")] = False,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",

@@ -108,7 +108,7 @@ def _chunks(lines: list[str]) -> list[list[str]]:
 
 
 def filter_pairs(src: list[str], tgt: list[str], max_len: int, max_ratio: float) -> tuple[list[int], dict[str, int]]:
-    """Indices of training pairs kept (like Moses clean-corpus-n, on BPE pieces) and counts of those dropped by reason."""
+    """Indices of training pairs kept (like Moses clean-corpus-n, on BPE pieces), and drop counts by reason."""
     kept: list[int] = []
     dropped = {"empty": 0, "too_long": 0, "ratio": 0}
     for i, (s, t) in enumerate(zip(src, tgt)):

@@ -64,7 +64,10 @@ def max_lengths(src: Tensor, pad: int, eos: int, a: float, b: int, limit: int) -
 @torch.inference_mode()
 def greedy_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, max_len_a: float = 1.0,
                   max_len_b: int = 50) -> list[Hypothesis]:
-    """Most likely token at each step; finished sentences leave the batch. src (B, S) -> one hypothesis each."""
+    """Most likely token at each step; finished sentences leave the batch. src (B, S) -> one hypothesis each.
+
+    A greedy hypothesis's score is its plain log-probability (no length penalty).
+    """
     bsz = src.shape[0]
     limits = max_lengths(src, ensemble.pad, eos, max_len_a, max_len_b, ensemble.max_positions)
     states = ensemble.start(src, 1, int(limits.max()) + 1)
@@ -72,13 +75,15 @@ def greedy_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, max_
     tokens = torch.full((bsz,), bos, dtype=torch.long, device=src.device)
     outputs: list[list[int]] = [[] for _ in range(bsz)]
     scores = [0.0] * bsz
+    not_eos = torch.full((ensemble.vocab_size,), -math.inf, device=src.device)
+    not_eos[eos] = 0.0
     for step in range(int(limits.max()) + 1):
         lprobs = ensemble.step(tokens, states)  # (N, V)
         lprobs[:, ensemble.pad] = -math.inf
         lprobs[:, bos] = -math.inf
         at_limit = limits[active] <= step
-        if at_limit.any():
-            lprobs[at_limit] = torch.where(torch.arange(lprobs.shape[1], device=src.device) == eos, 0.0, -math.inf)
+        if at_limit.any():  # only </s> is allowed, at the model's own probability
+            lprobs[at_limit] = lprobs[at_limit] + not_eos
         best_lp, tokens = lprobs.max(dim=-1)
         done = tokens == eos
         for i, tok, lp in zip(active.tolist(), tokens.tolist(), best_lp.tolist()):
@@ -91,7 +96,7 @@ def greedy_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, max_
             keep = (~done).nonzero().squeeze(1)
             ensemble.reorder(states, keep, keep)
             active, tokens = active[keep], tokens[keep]
-    return [Hypothesis(out, s / (len(out) + 1)) for out, s in zip(outputs, scores)]
+    return [Hypothesis(out, s) for out, s in zip(outputs, scores)]
 
 
 @torch.inference_mode()
@@ -113,16 +118,16 @@ def beam_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, beam: 
     scores = torch.full((bsz, beam), -math.inf, device=device)  # log-probability of each open hypothesis
     scores[:, 0] = 0.0  # all beams start identical; keep one so the first step does not pick duplicates
     history = torch.full((bsz * beam, 1), bos, dtype=torch.long, device=device)  # (N, t)
-    eos_only = torch.full((vocab,), -math.inf, device=device)
-    eos_only[eos] = 0.0
+    not_eos = torch.full((vocab,), -math.inf, device=device)
+    not_eos[eos] = 0.0
     for step in range(int(limits.max()) + 1):
         n_active = active.shape[0]
         lprobs = ensemble.step(history[:, -1], states)  # (N, V)
         lprobs[:, ensemble.pad] = -math.inf
         lprobs[:, bos] = -math.inf
         at_limit = (limits[active] <= step).repeat_interleave(beam)
-        if at_limit.any():
-            lprobs[at_limit] = eos_only
+        if at_limit.any():  # only </s> is allowed, at the model's own probability
+            lprobs[at_limit] = lprobs[at_limit] + not_eos
         candidates = (scores.unsqueeze(-1) + lprobs.view(n_active, beam, vocab)).view(n_active, beam * vocab)
         top_scores, top_index = candidates.topk(min(2 * beam, beam * vocab), dim=1)  # (B', 2*beam)
         top_beam, top_token = top_index // vocab, top_index % vocab

@@ -290,7 +290,8 @@ def train(opts: TrainOptions) -> dict:
                 window["global_tokens"] += int(global_tokens)
                 if scale_before is not None and scaler.get_scale() < scale_before:
                     # The GradScaler skipped this step: weights untouched, schedule not advanced.
-                    log.write({"event": "overflow", "update": progress["updates"] + 1, "loss_scale": scaler.get_scale()})
+                    log.write({"event": "overflow", "update": progress["updates"] + 1,
+                               "loss_scale": scaler.get_scale()})
                     if progress["batch_pos"] >= len(mine):
                         progress["epoch"] += 1
                         progress["batch_pos"] = 0

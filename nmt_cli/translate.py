@@ -37,6 +37,7 @@ class Translator:
         self.bpe = text.BpeApplier(bpe_codes)
         self.device, self.precision = device, precision
         self.warnings: list[str] = []
+        self.generated_tokens = 0  # output tokens (</s> included) of the best hypotheses so far
 
     @classmethod
     def from_checkpoint(cls, paths: str | Path | Sequence[str | Path], device: str | None = "cpu",
@@ -47,7 +48,8 @@ class Translator:
         models, first = [], None
         for path in paths:
             state = load_checkpoint(path)
-            missing = [k for k in ("model", "config", "vocab", "bpe_codes", "source_lang", "target_lang") if k not in state]
+            needed = ("model", "config", "vocab", "bpe_codes", "source_lang", "target_lang")
+            missing = [k for k in needed if k not in state]
             if missing:
                 raise NmtError(f"{path}: checkpoint lacks {', '.join(missing)}")
             if first is None:
@@ -130,6 +132,7 @@ class Translator:
                                        max_len_b, nbest)
             for i, sentence_hyps in zip(rows, hyps):
                 results[i] = [(self.decode(h.tokens), h.score) for h in sentence_hyps]
+                self.generated_tokens += len(sentence_hyps[0].tokens) + 1
             if on_batch:
                 on_batch(len(rows))
         if on_batch:

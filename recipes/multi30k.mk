@@ -32,7 +32,7 @@ M30K_RAW    = $(EXP)/raw
 multi30k: multi30k-score
 
 # --- data: a local copy (DATA=) used by path, or the public repository's raw files; LINES= keeps the first N lines.
-$(M30K_RAW)/.done:
+$(M30K_RAW)/.done: | install
 	@mkdir -p $(M30K_RAW)
 	@set -e; for split in $(M30K_SPLITS); do for lang in $(SRC) $(TGT); do \
 	  out=$(M30K_RAW)/$$split.$$lang; \

@@ -36,8 +36,8 @@ def write_task(prefix: Path, n: int, seed: int) -> None:
     src, tgt = [], []
     for _ in range(n):
         words = [rng.randrange(24) for _ in range(rng.randint(2, 7))]
-        src.append(" ".join(f"w{i}" for i in words).capitalize() + " .")
-        tgt.append(" ".join(f"v{i}" for i in words).capitalize() + " .")
+        src.append(" ".join(f"w{i}" for i in words).capitalize() + ".")
+        tgt.append(" ".join(f"v{i}" for i in words).capitalize() + ".")
     prefix.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{prefix}.en").write_text("\n".join(src) + "\n", encoding="utf-8")
     Path(f"{prefix}.de").write_text("\n".join(tgt) + "\n", encoding="utf-8")
@@ -63,6 +63,6 @@ def toy_model(tmp_path_factory, toy_data) -> Path:
     from nmt_cli.train import TrainOptions, train
 
     save = tmp_path_factory.mktemp("toy_ckpt")
-    train(TrainOptions(data=toy_data, save_dir=save, arch="tiny", dropout=0.0, max_tokens=1024, max_updates=400,
-                       warmup=100, lr_scale=2.0, device="cpu", quiet=True, seed=3))
+    train(TrainOptions(data=toy_data, save_dir=save, arch="tiny", dropout=0.0, max_tokens=1024, max_updates=600,
+                       warmup=100, lr_scale=1.0, device="cpu", quiet=True, seed=3))
     return save / "checkpoint_last.pt"

@@ -64,9 +64,9 @@ def test_filter_counts_match_meta(tmp_path):
     write_task(raw / "val", 10, seed=6)
     en = (raw / "train.en").read_text().splitlines()
     de = (raw / "train.de").read_text().splitlines()
-    en[3], de[3] = "", "Ein Satz ."  # empty side
+    en[3], de[3] = "", "Ein Satz."  # empty side
     en[7] = " ".join(["w1"] * 40)  # too long
-    en[9], de[9] = "w1 w2 w3 w4 w5 w6 w7 w8 w9 .", "v1 ."  # ratio
+    en[9], de[9] = "w1 w2 w3 w4 w5 w6 w7 w8 w9.", "v1."  # ratio
     (raw / "train.en").write_text("\n".join(en) + "\n")
     (raw / "train.de").write_text("\n".join(de) + "\n")
     meta = _prepare(raw, tmp_path / "d", workers=1, max_len=30, max_ratio=3.0)

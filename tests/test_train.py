@@ -42,25 +42,26 @@ def test_tiny_model_learns_the_toy_task(toy_data, toy_model):
 
 
 def test_resume_is_exact(toy_data, tmp_path):
-    """12 updates straight == 5 updates, stop, re-run the command to 12 (dropout on, crossing epochs)."""
+    """24 updates straight == 10 updates, stop, re-run the command to 24 (dropout on, crossing epochs)."""
     straight = tmp_path / "straight"
-    train(_opts(toy_data, straight, max_updates=12, dropout=0.1))
+    train(_opts(toy_data, straight, max_updates=24, dropout=0.1, max_tokens=1024))
     resumed = tmp_path / "resumed"
-    summary = train(_opts(toy_data, resumed, max_updates=5, dropout=0.1))
-    assert summary["updates"] == 5
-    summary = train(_opts(toy_data, resumed, max_updates=12, dropout=0.1))
-    assert summary["updates"] == 12 and summary["epoch"] > 1
+    summary = train(_opts(toy_data, resumed, max_updates=10, dropout=0.1, max_tokens=1024))
+    assert summary["updates"] == 10
+    summary = train(_opts(toy_data, resumed, max_updates=24, dropout=0.1, max_tokens=1024))
+    assert summary["updates"] == 24 and summary["epoch"] > 2
     a, b = _params(straight / "checkpoint_last.pt"), _params(resumed / "checkpoint_last.pt")
     for name in a:
         assert torch.equal(a[name], b[name]), name
     starts = [json.loads(x) for x in (resumed / "train.jsonl").read_text().splitlines() if '"start"' in x]
-    assert [s["resumed_at"] for s in starts] == [None, 5]
+    assert [s["resumed_at"] for s in starts] == [None, 10]
 
 
 def test_two_processes_equal_one_with_update_freq_2(toy_data, tmp_path):
     """torchrun --nproc_per_node 2 (gloo) == one process with --update-freq 2, on the same batches."""
     single = tmp_path / "single"
-    train(_opts(toy_data, single, max_updates=4, dropout=0.0, update_freq=2, max_tokens=256))
+    train(_opts(toy_data, single, max_updates=4, dropout=0.0, update_freq=2, max_tokens=256,
+                save_interval_updates=2))
     ddp = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "nmt_cli",
@@ -69,12 +70,16 @@ def test_two_processes_equal_one_with_update_freq_2(toy_data, tmp_path):
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     a, b = _params(single / "checkpoint_last.pt"), _params(ddp / "checkpoint_last.pt")
-    changed = False
+    d = 64
     for name in a:
-        torch.testing.assert_close(a[name], b[name], atol=2e-6, rtol=1e-5)
-    initial = _params(single / "checkpoint_last.pt")
-    changed = any(not torch.equal(initial[n], v) for n, v in b.items()) or True
-    assert changed
+        x, y = a[name], b[name]
+        if name.endswith("attn.in_proj.bias"):
+            # The key bias has an exactly zero gradient (softmax is shift-invariant), so Adam turns the
+            # rounding noise of either summation order into +-lr steps there: compare Q and V biases only.
+            x, y = torch.cat([x[:d], x[2 * d :]]), torch.cat([y[:d], y[2 * d :]])
+        torch.testing.assert_close(x, y, atol=2e-6, rtol=1e-5, msg=name)
+    fresh = _params(single / "checkpoint_2.pt")
+    assert any(not torch.equal(fresh[n], a[n]) for n in a)  # training moved the weights
     log = [json.loads(x) for x in (ddp / "train.jsonl").read_text().splitlines()]
     assert log[0]["world_size"] == 2
 

@@ -1,0 +1,46 @@
+"""Helpers shared by the benchmarks: where the data is, and how to print a table."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+REPO = Path(__file__).resolve().parents[1]
+MULTI30K = Path(os.environ.get("DATA", REPO.parent / "shared" / "data" / "multi30k"))
+
+
+def require_multi30k() -> Path:
+    """The Multi30k folder, or exit with a one-line message."""
+    if not (MULTI30K / "train.en.gz").exists() and not (MULTI30K / "train.en").exists():
+        sys.exit(f"benchmark: Multi30k not found in {MULTI30K} (set DATA=)")
+    return MULTI30K
+
+
+def machine() -> str:
+    """A one-line description of this machine."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import torch
+
+    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}"
+
+
+def print_table(title: str, columns: list[str], rows: list[list]) -> None:
+    """A rich table on stdout."""
+    table = Table(title=title)
+    for i, col in enumerate(columns):
+        table.add_column(col, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*[f"{x:,.1f}" if isinstance(x, float) else str(x) for x in row])
+    Console().print(table)

@@ -1,0 +1,101 @@
+"""nmt average and nmt score."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from nmt_cli.checkpoint import load_checkpoint
+from nmt_cli.translate import Translator
+
+from .conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def two_checkpoints(toy_data, tmp_path_factory):
+    from nmt_cli.train import TrainOptions, train
+
+    save = tmp_path_factory.mktemp("avg")
+    train(TrainOptions(data=toy_data, save_dir=save, arch="tiny", max_tokens=512, max_updates=6, warmup=10,
+                       save_interval_updates=3, device="cpu", quiet=True))
+    return save
+
+
+def test_average_is_the_parameter_mean(two_checkpoints, tmp_path):
+    a, b = two_checkpoints / "checkpoint_3.pt", two_checkpoints / "checkpoint_6.pt"
+    out = tmp_path / "avg.pt"
+    assert run_cli("average", a, b, "-o", out).exit_code == 0
+    avg, sa, sb = load_checkpoint(out), load_checkpoint(a), load_checkpoint(b)
+    for name, value in avg["model"].items():
+        torch.testing.assert_close(value, (sa["model"][name] + sb["model"][name]) / 2)
+    for key in ("config", "vocab", "bpe_codes", "source_lang", "target_lang"):
+        assert avg[key] == sb[key]
+    assert "optimizer" not in avg
+    Translator.from_checkpoint(out).translate(["W1 w2."])  # self-contained
+
+    last = tmp_path / "last.pt"
+    assert run_cli("average", "--last", "2", two_checkpoints, "-o", last).exit_code == 0
+    for name, value in load_checkpoint(last)["model"].items():
+        assert torch.equal(value, avg["model"][name])
+
+    one = tmp_path / "one.pt"
+    assert run_cli("average", b, "-o", one).exit_code == 0
+    for name, value in load_checkpoint(one)["model"].items():
+        assert torch.equal(value, sb["model"][name])
+
+
+def test_average_refuses_mismatched_checkpoints(two_checkpoints, tmp_path):
+    state = torch.load(two_checkpoints / "checkpoint_6.pt", weights_only=True)
+    state["vocab"] = state["vocab"][:-1] + ["other"]
+    torch.save(state, tmp_path / "other_vocab.pt")
+    r = run_cli("average", two_checkpoints / "checkpoint_3.pt", tmp_path / "other_vocab.pt", "-o", tmp_path / "x.pt")
+    assert r.exit_code == 2 and "vocabulary differs" in r.stderr and not (tmp_path / "x.pt").exists()
+    state["vocab"] = load_checkpoint(two_checkpoints / "checkpoint_6.pt")["vocab"]
+    state["config"] = {**state["config"], "ffn": 256}
+    torch.save(state, tmp_path / "other_config.pt")
+    r = run_cli("average", two_checkpoints / "checkpoint_3.pt", tmp_path / "other_config.pt", "-o", tmp_path / "x.pt")
+    assert r.exit_code == 2 and "config differs" in r.stderr
+
+
+HYPS = ["The cat sat on the mat.", "A man rides a well-known bike.", "Two dogs play in the snow!"]
+REFS = ["The cat sat on a mat.", "A man is riding a well-known bicycle.", "Two dogs are playing in the snow."]
+
+
+def test_score_equals_sacrebleu_cli(tmp_path):
+    hyp, ref = tmp_path / "hyp", tmp_path / "ref"
+    hyp.write_text("\n".join(HYPS) + "\n")
+    ref.write_text("\n".join(REFS) + "\n")
+    r = run_cli("score", "--ref", ref, "--hyp", hyp, "--json")
+    assert r.exit_code == 0, r.output
+    ours = {x["metric"]: x for x in json.loads(r.stdout)}
+    cli = subprocess.run([sys.executable, "-m", "sacrebleu", str(ref), "-i", str(hyp), "-m", "bleu", "chrf", "ter",
+                          "-b"], capture_output=True, text=True, check=True).stdout.split()
+    assert [ours[m]["score"] for m in ("bleu", "chrf", "ter")] == pytest.approx([float(x) for x in cli], abs=0.01)
+    sig = subprocess.run([sys.executable, "-m", "sacrebleu", str(ref), "-i", str(hyp), "-m", "bleu"],
+                         capture_output=True, text=True, check=True).stdout
+    assert json.loads(sig)["signature"] == ours["bleu"]["signature"]
+    # stdin works too, and the table mentions every metric
+    r = run_cli("score", "--ref", ref, input="\n".join(HYPS) + "\n")
+    assert r.exit_code == 0 and "chrf" in r.stdout and "nrefs:1" in r.stdout
+
+
+def test_tokenized_compound_split_bleu(tmp_path):
+    from nmt_cli.score import score
+    from nmt_cli.text import split_compounds
+
+    assert split_compounds("a well-known x-y-z") == "a well ##AT##-##AT## known x ##AT##-##AT## y-z"
+    results = {r["metric"]: r for r in score(HYPS, [REFS], ["bleu"], tokenized_bleu_lang="en")}
+    assert "tokenized_bleu" in results and results["tokenized_bleu"]["signature"].startswith("moses-tok")
+    assert results["tokenized_bleu"]["score"] != results["bleu"]["score"]
+
+
+def test_score_line_count_mismatch(tmp_path):
+    hyp, ref = tmp_path / "hyp", tmp_path / "ref"
+    hyp.write_text("one\ntwo\n")
+    ref.write_text("one\n")
+    r = run_cli("score", "--ref", ref, "--hyp", hyp)
+    assert r.exit_code == 2 and "has 2 lines" in r.stderr and len(r.stderr.strip().splitlines()) == 1

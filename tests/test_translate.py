@@ -1,0 +1,172 @@
+"""nmt translate and the search: invariances, exactness on a tiny problem, streaming, and bad input."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from nmt_cli.model import Transformer, make_config
+from nmt_cli.search import EnsembleModel, beam_search, greedy_search, length_penalty
+from nmt_cli.translate import Translator
+
+from .conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def translator(toy_model) -> Translator:
+    return Translator.from_checkpoint(toy_model)
+
+
+@pytest.fixture(scope="module")
+def sources(toy_data) -> list[str]:
+    lines = (toy_data.parent / "raw" / "valid.en").read_text().splitlines()
+    rng = random.Random(0)
+    # unseen sentences too, so the model is unsure and beams really differ
+    extra = [" ".join(f"w{rng.randrange(24)}" for _ in range(rng.randint(1, 12))) for _ in range(30)]
+    return lines + extra
+
+
+def test_batch_size_and_input_order_do_not_change_translations(translator, sources):
+    one = translator.translate(sources, beam=4, batch_size=1)
+    many = translator.translate(sources, beam=4, batch_size=64)
+    assert one == many
+    by_tokens = translator.translate(sources, beam=4, max_tokens=50)
+    assert by_tokens == one
+    order = list(range(len(sources)))
+    random.Random(1).shuffle(order)
+    shuffled = translator.translate([sources[i] for i in order], beam=4)
+    assert [shuffled[order.index(i)] for i in range(len(sources))] == one
+    assert sum(h.endswith(".") for h in one) > len(one) // 2
+
+
+def test_beam_one_equals_greedy(translator, sources):
+    assert translator.translate(sources, beam=1, lenpen=0.0) == translator.translate(sources, greedy=True)
+
+
+def test_nbest_scores_sorted_and_first_is_best(translator, sources):
+    nbest = translator.translate_nbest(sources[:10], beam=5, nbest=3)
+    best = translator.translate(sources[:10], beam=5)
+    for hyps, top in zip(nbest, best):
+        assert 1 <= len(hyps) <= 3 and hyps[0][0] == top
+        scores = [s for _, s in hyps]
+        assert scores == sorted(scores, reverse=True)
+
+
+def _exhaustive_best(model: Transformer, src: torch.Tensor, max_tokens: int, lenpen: float):
+    """Score every output of up to `max_tokens` tokens (then </s>) by full recomputation."""
+    vocab = model.config.vocab_size
+    symbols = list(range(3, vocab))  # never <pad> or <s>; </s> ends the output
+    memory, mask = model.encode(src)
+    best = (-math.inf, None)
+    for length in range(0, max_tokens + 1):
+        for tokens in itertools.product(symbols, repeat=length):
+            prev = torch.tensor([[1, *tokens]])
+            lprobs = torch.log_softmax(model.logits(model.decode(prev, memory, mask)), -1)[0]
+            logp = sum(float(lprobs[t, tok]) for t, tok in enumerate(tokens)) + float(lprobs[length, 2])
+            score = logp / length_penalty(length + 1, lenpen)
+            if score > best[0]:
+                best = (score, list(tokens))
+    return best
+
+
+@pytest.mark.parametrize("lenpen", [0.0, 0.6, 1.0])
+def test_wide_beam_finds_the_exhaustive_optimum(lenpen):
+    torch.manual_seed(4)
+    vocab = 7  # <pad> <s> </s> <unk> + 3 symbols
+    model = Transformer(make_config("tiny", vocab, d_model=16, ffn=32, heads=2, dropout=0.0)).eval()
+    with torch.no_grad():
+        model.embed.weight.mul_(8.0)  # a peaky distribution, so the search problem is not trivial
+    ensemble = EnsembleModel([model])
+    for seed in range(6):
+        torch.manual_seed(seed)
+        src = torch.cat([torch.randint(3, vocab, (1, 4)), torch.tensor([[2]])], 1)
+        max_tokens = 3
+        with torch.no_grad():
+            exp_score, exp_tokens = _exhaustive_best(model, src, max_tokens, lenpen)
+        # a beam as wide as all prefixes of length max_tokens - 1 keeps every candidate alive
+        beam = (vocab - 2) ** (max_tokens - 1)
+        hyps = beam_search(ensemble, src, bos=1, eos=2, beam=beam, lenpen=lenpen, max_len_a=0.0, max_len_b=max_tokens)
+        assert hyps[0][0].tokens == exp_tokens
+        assert hyps[0][0].score == pytest.approx(exp_score, abs=1e-4)
+        greedy = greedy_search(ensemble, src, bos=1, eos=2, max_len_a=0.0, max_len_b=max_tokens)[0]
+        if lenpen == 0.0:  # greedy can only do as well as the optimum
+            assert greedy.score <= exp_score + 1e-5
+
+
+def test_ensemble_of_one_model_twice_equals_the_model(toy_model, sources, translator):
+    double = Translator.from_checkpoint([toy_model, toy_model])
+    assert double.translate(sources[:20], beam=4) == translator.translate(sources[:20], beam=4)
+
+
+def test_empty_and_overlong_lines(translator):
+    long_line = " ".join(["w3"] * 1500)
+    out = translator.translate(["", "W1 w2.", long_line, "   "], beam=2, max_len_b=5)
+    assert out[0] == "" and out[3] == "" and out[1]
+    assert len(translator.warnings) == 1 and translator.warnings[0].startswith("line 3:")
+
+
+def test_cli_file_and_stdin(toy_model, tmp_path, translator):
+    src = tmp_path / "in.en"
+    lines = ["W1 w2 w3.", "", "W4 w5.", "W7 w7 w8 w9."]
+    src.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out.de"
+    r = run_cli("translate", "-m", toy_model, "-i", src, "-o", out, "--quiet")
+    assert r.exit_code == 0, r.output
+    expected = translator.translate(lines)
+    assert out.read_text().splitlines() == expected
+    r = run_cli("translate", "-m", toy_model, input="\n".join(lines) + "\n")
+    assert r.exit_code == 0 and r.stdout.splitlines() == expected
+    r = run_cli("translate", "-m", toy_model, "-i", src, "--nbest", "2")
+    rows = [line.split("\t") for line in r.stdout.splitlines()]
+    assert [row[0] for row in rows] == ["1", "1", "2", "3", "3", "4", "4"]
+    assert rows[0][2] == expected[0]
+
+
+def test_streaming_stdin_answers_before_input_ends(toy_model):
+    """A line is translated and flushed while stdin stays open."""
+    proc = subprocess.Popen([sys.executable, "-m", "nmt_cli", "translate", "-m", str(toy_model)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        proc.stdin.write("W1 w2.\n")
+        proc.stdin.flush()
+        first = proc.stdout.readline()
+        assert first.strip()
+        proc.stdin.write("W3.\n")
+        proc.stdin.close()
+        rest = proc.stdout.read()
+        assert len(rest.splitlines()) == 1
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+
+
+def _expect_error(result, *fragments):
+    assert result.exit_code == 2, result.output
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr
+
+
+def test_bad_translate_input(toy_model, tmp_path):
+    _expect_error(run_cli("translate", "-m", tmp_path / "none.pt", "-i", toy_model), "none.pt", "no such checkpoint")
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"not a checkpoint at all")
+    _expect_error(run_cli("translate", "-m", junk), "junk.pt", "corrupt or truncated")
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"weights": torch.zeros(3)}, foreign)
+    _expect_error(run_cli("translate", "-m", foreign), "not an nmt checkpoint")
+    bad = tmp_path / "bad.en"
+    bad.write_bytes(b"W1 w2.\nW3 \xff w4.\n")
+    _expect_error(run_cli("translate", "-m", toy_model, "-i", bad), "bad.en:2", "UTF-8")
+    _expect_error(run_cli("translate", "-m", toy_model, "-i", bad, "--precision", "fp16"), "fp16")
+    if not torch.cuda.is_available():
+        _expect_error(run_cli("translate", "-m", toy_model, "--device", "cuda"), "no CUDA")
+    out = tmp_path / "never.de"
+    run_cli("translate", "-m", toy_model, "-i", bad, "-o", out)
+    assert not out.exists()
