@@ -107,6 +107,16 @@ def _chunks(lines: list[str]) -> list[list[str]]:
     return [lines[i : i + CHUNK] for i in range(0, len(lines), CHUNK)]
 
 
+def _regroup(flat: list[str], like: dict[str, tuple[list[str], list[str]]]) -> dict[str, tuple[list[str], list[str]]]:
+    """Split lines processed as one list (split by split, source then target) back into (source, target) pairs."""
+    out, pos = {}, 0
+    for name, (src, _) in like.items():
+        n = len(src)
+        out[name] = (flat[pos : pos + n], flat[pos + n : pos + 2 * n])
+        pos += 2 * n
+    return out
+
+
 def filter_pairs(src: list[str], tgt: list[str], max_len: int, max_ratio: float) -> tuple[list[int], dict[str, int]]:
     """Indices of training pairs kept (like Moses clean-corpus-n, on BPE pieces), and drop counts by reason."""
     kept: list[int] = []
@@ -178,12 +188,7 @@ def prepare(opts: PrepareOptions) -> dict:
         jobs = [(lang, chunk) for name in splits for lang, side in zip((src_lang, tgt_lang), raw[name])
                 for chunk in _chunks(side)]
         flat = _parallel_map(_tokenize_chunk, jobs, workers, None, lambda n: progress.advance(task, n))
-        tokenized: dict[str, tuple[list[str], list[str]]] = {}
-        pos = 0
-        for name in splits:
-            n = len(raw[name][0])
-            tokenized[name] = (flat[pos : pos + n], flat[pos + n : pos + 2 * n])
-            pos += 2 * n
+        tokenized = _regroup(flat, raw)
 
         progress.update(task, description="learn BPE", completed=0, total=opts.bpe_merges)
         counts = Counter(w for side in tokenized["train"] for line in side for w in line.split())
@@ -193,12 +198,7 @@ def prepare(opts: PrepareOptions) -> dict:
         progress.update(task, description="apply BPE", completed=0, total=total_lines)
         jobs = [chunk for name in splits for side in tokenized[name] for chunk in _chunks(side)]
         flat = _parallel_map(_bpe_chunk, jobs, workers, codes, lambda n: progress.advance(task, n))
-        segmented: dict[str, tuple[list[str], list[str]]] = {}
-        pos = 0
-        for name in splits:
-            n = len(raw[name][0])
-            segmented[name] = (flat[pos : pos + n], flat[pos + n : pos + 2 * n])
-            pos += 2 * n
+        segmented = _regroup(flat, raw)
 
         meta = write_data_dir(out, segmented, raw, codes, src_lang, tgt_lang, opts.max_len, opts.max_ratio,
                               opts.vocab_threshold, inputs, lambda n: progress.advance(task, n),

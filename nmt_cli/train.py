@@ -235,7 +235,8 @@ def train(opts: TrainOptions) -> dict:
     loss_module = TranslationLoss(model, opts.label_smoothing)
     if ctx.enabled:
         ids = [device.index] if device.type == "cuda" else None
-        runner: nn.Module = DistributedDataParallel(loss_module, device_ids=ids)
+        # The only buffer (sinusoidal positions) is a constant: no need to broadcast it every step.
+        runner: nn.Module = DistributedDataParallel(loss_module, device_ids=ids, broadcast_buffers=False)
     else:
         runner = loss_module
     runner.train()
@@ -282,16 +283,25 @@ def train(opts: TrainOptions) -> dict:
                 if opts.clip_norm > 0:
                     scaler.unscale_(optimizer)
                     nn.utils.clip_grad_norm_(model.parameters(), opts.clip_norm)
-                scale_before = scaler.get_scale() if scaler.is_enabled() else None
-                scaler.step(optimizer)
-                scaler.update()
+                skipped = False
+                if scaler.is_enabled():
+                    scale_before = scaler.get_scale()
+                    scaler.step(optimizer)
+                    scaler.update()
+                    skipped = scaler.get_scale() < scale_before  # inf/NaN gradients: the scaler skipped it
+                else:
+                    (bad,) = D.all_reduce_sum([float(not math.isfinite(window["loss"]))], ctx, device)
+                    skipped = bad > 0
+                    if not skipped:
+                        optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 progress["batch_pos"] += len(group)
                 window["global_tokens"] += int(global_tokens)
-                if scale_before is not None and scaler.get_scale() < scale_before:
-                    # The GradScaler skipped this step: weights untouched, schedule not advanced.
+                if skipped:
+                    # Weights untouched, schedule not advanced; never a NaN model.
                     log.write({"event": "overflow", "update": progress["updates"] + 1,
-                               "loss_scale": scaler.get_scale()})
+                               "loss_scale": scaler.get_scale() if scaler.is_enabled() else None})
+                    window["loss"] = 0.0
                     if progress["batch_pos"] >= len(mine):
                         progress["epoch"] += 1
                         progress["batch_pos"] = 0

@@ -130,3 +130,14 @@ def test_checkpoints_kept_and_best(toy_data, tmp_path, keep_last):
         assert key in state
     assert state["progress"]["updates"] == 9
     assert not list(save.glob("*.tmp"))
+
+
+def test_eval_bleu_and_patience(toy_data, tmp_path):
+    """--eval-bleu picks the best checkpoint by valid BLEU; --patience stops after validations without gains."""
+    save = tmp_path / "ck"
+    summary = train(_opts(toy_data, save, max_updates=400, valid_interval=10, eval_bleu=True, patience=2,
+                          lr_scale=1e-6, warmup=4000))
+    assert summary["reason"] == "patience"
+    valid = [json.loads(x) for x in (save / "train.jsonl").read_text().splitlines() if '"valid"' in x]
+    assert len(valid) == 3 and all("valid_bleu" in v for v in valid)
+    assert summary["best"] == valid[0]["valid_bleu"]
