@@ -73,8 +73,8 @@ def test_score_equals_sacrebleu_cli(tmp_path):
     assert r.exit_code == 0, r.output
     ours = {x["metric"]: x for x in json.loads(r.stdout)}
     cli = subprocess.run([sys.executable, "-m", "sacrebleu", str(ref), "-i", str(hyp), "-m", "bleu", "chrf", "ter",
-                          "-b"], capture_output=True, text=True, check=True).stdout.split()
-    assert [ours[m]["score"] for m in ("bleu", "chrf", "ter")] == pytest.approx([float(x) for x in cli], abs=0.01)
+                          "-w", "4", "-b"], capture_output=True, text=True, check=True).stdout
+    assert [ours[m]["score"] for m in ("bleu", "chrf", "ter")] == pytest.approx(json.loads(cli), abs=0.01)
     sig = subprocess.run([sys.executable, "-m", "sacrebleu", str(ref), "-i", str(hyp), "-m", "bleu"],
                          capture_output=True, text=True, check=True).stdout
     assert json.loads(sig)["signature"] == ours["bleu"]["signature"]
