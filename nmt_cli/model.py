@@ -155,22 +155,25 @@ class KVCache:
     def __init__(self, rows: int, heads: int, max_len: int, dk: int, like: Tensor) -> None:
         self.k = like.new_empty(rows, heads, max_len, dk)
         self.v = like.new_empty(rows, heads, max_len, dk)
-        self.length = 0
+        self.rows, self.length = rows, 0  # rows in use (the first ones), steps filled
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store one step's (N, h, 1, dk) keys and values; return all so far, (N, h, t, dk)."""
-        t = self.length
-        self.k[:, :, t : t + 1] = k
-        self.v[:, :, t : t + 1] = v
+        t, n = self.length, self.rows
+        self.k[:n, :, t : t + 1] = k
+        self.v[:n, :, t : t + 1] = v
         self.length = t + 1
-        return self.k[:, :, : t + 1], self.v[:, :, : t + 1]
+        return self.k[:n, :, : t + 1], self.v[:n, :, : t + 1]
 
     def reorder(self, rows: Tensor) -> None:
-        """Keep only `rows` (N',) in the given order: beam search's backpointers."""
-        t = self.length
-        self.k = self.k.index_select(0, rows)
-        self.v = self.v.index_select(0, rows)
-        self.length = t
+        """Keep only `rows` (N',) in the given order: beam search's backpointers.
+
+        Only the filled steps are copied, into the first N' rows of the same buffers.
+        """
+        t, n = self.length, rows.shape[0]
+        self.k[:n, :, :t] = self.k[: self.rows, :, :t].index_select(0, rows)
+        self.v[:n, :, :t] = self.v[: self.rows, :, :t].index_select(0, rows)
+        self.rows = n
 
 
 class DecoderLayer(nn.Module):
