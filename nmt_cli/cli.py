@@ -9,6 +9,7 @@ import queue
 import sys
 import threading
 from collections import Counter
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -355,7 +356,7 @@ def translate_cmd(
                 tmp.write_text("".join(line + "\n" for line in out_lines), encoding="utf-8")
         return
     # stdin: translate as lines arrive, flushing each batch.
-    with atomic_path(output) if output else _nullpath() as tmp:
+    with atomic_path(output) if output else nullcontext() as tmp:
         sink = open(tmp, "w", encoding="utf-8") if tmp else sys.stdout
         try:
             for batch in _stdin_batches(batch_size):
@@ -366,14 +367,6 @@ def translate_cmd(
         finally:
             if tmp:
                 sink.close()
-
-
-class _nullpath:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 # ----------------------------------------------------------------------------- score

@@ -160,18 +160,16 @@ def collate(corpus: ParallelCorpus, indices: np.ndarray, vocab: Vocabulary) -> B
     srcs = [corpus.src[int(i)] for i in indices]
     tgts = [corpus.tgt[int(i)] for i in indices]
     bsz = len(indices)
-    s_len = max(len(s) for s in srcs) + 1
-    t_len = max(len(t) for t in tgts) + 1
-    src = torch.full((bsz, s_len), vocab.pad, dtype=torch.long)
-    prev = torch.full((bsz, t_len), vocab.pad, dtype=torch.long)
-    target = torch.full((bsz, t_len), vocab.pad, dtype=torch.long)
+    src = np.full((bsz, max(len(s) for s in srcs) + 1), vocab.pad, dtype=np.int64)
+    prev = np.full((bsz, max(len(t) for t in tgts) + 1), vocab.pad, dtype=np.int64)
+    target = prev.copy()
+    prev[:, 0] = vocab.bos
     for b, (s, t) in enumerate(zip(srcs, tgts)):
-        src[b, : len(s)] = torch.from_numpy(s.astype(np.int64))
+        src[b, : len(s)] = s
         src[b, len(s)] = vocab.eos
-        tt = torch.from_numpy(t.astype(np.int64))
-        prev[b, 0] = vocab.bos
-        prev[b, 1 : len(t) + 1] = tt
-        target[b, : len(t)] = tt
+        prev[b, 1 : len(t) + 1] = t
+        target[b, : len(t)] = t
         target[b, len(t)] = vocab.eos
     ntokens = int(sum(len(t) + 1 for t in tgts))
+    src, prev, target = torch.from_numpy(src), torch.from_numpy(prev), torch.from_numpy(target)
     return Batch(src, prev, target, ntokens)

@@ -46,27 +46,25 @@ class _LinearCrossEntropy(torch.autograd.Function):
             for start in range(0, h.shape[0], chunk):
                 hc, tc = h[start : start + chunk], target[start : start + chunk]
                 rows = hc.shape[0]
+                hc_real = hc.float()  # (rows, d)
                 if rows < chunk:
-                    # Pad the last chunk with zero rows (sliced off again below): every matmul then has
-                    # the same shape, and oneDNN does not build and cache new kernels for each batch.
+                    # Pad the last chunk with zero rows: every matmul then has the same shape, and oneDNN does
+                    # not build and cache new kernels for each batch. Zero rows add nothing to grad_weight.
                     hc = torch.cat([hc, hc.new_zeros(chunk - rows, hc.shape[1])])
                 logits = (hc @ w.t()).float()  # (chunk, V)
                 lse = torch.logsumexp(logits, dim=-1)  # (chunk,)
                 target_logit = logits[:rows].gather(1, tc[:, None]).squeeze(1)
-                mean_logit = hc[:rows].float() @ w_mean
-                total += ((1 - smoothing) * (lse[:rows] - target_logit) + smoothing * (lse[:rows] - mean_logit)).sum()
+                nll, uniform = lse[:rows] - target_logit, lse[:rows] - hc_real @ w_mean
+                total += ((1 - smoothing) * nll + smoothing * uniform).sum()
                 # d loss / d logits = softmax - eps / V - (1 - eps) * onehot(target). Only the softmax term is
                 # materialized (exp and cast in one pass); the other two are folded into the products below.
                 p = torch.exp(logits.sub_(lse[:, None]), out=probs)
-                if rows < chunk:
-                    p[rows:] = 0
                 grad_hidden[start : start + rows] = (
-                    (p @ w)[:rows].float() - (smoothing / vocab) * w.float().sum(0) - (1 - smoothing) * w[tc].float()
+                    (p @ w)[:rows].float() - smoothing * w_mean - (1 - smoothing) * weight[tc].float()
                 ).to(compute_dtype)
                 grad_weight += (p.t() @ hc).float()
-                hc = hc[:rows].float()
-                grad_weight -= (smoothing / vocab) * hc.sum(0)
-                grad_weight.index_add_(0, tc, hc, alpha=-(1 - smoothing))
+                grad_weight -= (smoothing / vocab) * hc_real.sum(0)
+                grad_weight.index_add_(0, tc, hc_real, alpha=-(1 - smoothing))
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.dtypes = (hidden.dtype, weight.dtype)
         return total

@@ -19,7 +19,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from . import text
 from .data import token_dtype, write_binarized
 from .errors import NmtError
-from .textio import file_sha256, read_lines, write_lines
+from .textio import apply_default_mode, file_sha256, read_lines, write_lines
 from .vocab import Vocabulary
 
 CHUNK = 2000  # lines per work unit; fixed so that output never depends on the worker count
@@ -132,12 +132,6 @@ def filter_pairs(src: list[str], tgt: list[str], max_len: int, max_ratio: float)
         else:
             kept.append(i)
     return kept, dropped
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def package_versions() -> dict[str, str]:
@@ -259,7 +253,7 @@ def write_data_dir(out: Path, segmented: dict[str, tuple[list[str], list[str]]],
             "inputs": inputs,
             "versions": package_versions(),
         }
-        os.chmod(staging, 0o777 & ~_umask())
+        apply_default_mode(staging, directory=True)
         (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         if out.exists():
             shutil.rmtree(out)

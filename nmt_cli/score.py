@@ -32,8 +32,7 @@ def score(hyps: Sequence[str], refs: Sequence[Sequence[str]], metrics: Sequence[
                         "text": str(result)})
     if tokenized_bleu_lang:
         def prep(line: str) -> str:
-            tokens = text._tokenizer(tokenized_bleu_lang).tokenize(line, escape=False, return_str=True)
-            return text.split_compounds(tokens)
+            return text.split_compounds(text.tokenize(line, tokenized_bleu_lang, aggressive_dash=False))
 
         metric = BLEU(tokenize="none", force=True)
         result = metric.corpus_score([prep(h) for h in hyps], [[prep(r) for r in ref] for ref in refs])

@@ -55,6 +55,18 @@ class EnsembleModel:
             state.reorder(rows, sentences)
 
 
+def constrain(lprobs: Tensor, at_limit: Tensor, pad: int, bos: int, eos: int) -> Tensor:
+    """Never <pad> or <s>; rows at their length limit may only end (</s> at the model's own probability)."""
+    lprobs[:, pad] = -math.inf
+    lprobs[:, bos] = -math.inf
+    if at_limit.any():
+        rows = at_limit.nonzero().squeeze(1)
+        ending = lprobs[rows, eos]
+        lprobs[rows] = -math.inf
+        lprobs[rows, eos] = ending
+    return lprobs
+
+
 def max_lengths(src: Tensor, pad: int, eos: int, a: float, b: int, limit: int) -> Tensor:
     """Per sentence, the most output tokens before </s>: a * source length + b, within the model's positions."""
     src_len = ((src != pad) & (src != eos)).sum(1)
@@ -75,15 +87,8 @@ def greedy_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, max_
     tokens = torch.full((bsz,), bos, dtype=torch.long, device=src.device)
     outputs: list[list[int]] = [[] for _ in range(bsz)]
     scores = [0.0] * bsz
-    not_eos = torch.full((ensemble.vocab_size,), -math.inf, device=src.device)
-    not_eos[eos] = 0.0
     for step in range(int(limits.max()) + 1):
-        lprobs = ensemble.step(tokens, states)  # (N, V)
-        lprobs[:, ensemble.pad] = -math.inf
-        lprobs[:, bos] = -math.inf
-        at_limit = limits[active] <= step
-        if at_limit.any():  # only </s> is allowed, at the model's own probability
-            lprobs[at_limit] = lprobs[at_limit] + not_eos
+        lprobs = constrain(ensemble.step(tokens, states), limits[active] <= step, ensemble.pad, bos, eos)  # (N, V)
         best_lp, tokens = lprobs.max(dim=-1)
         done = tokens == eos
         for i, tok, lp in zip(active.tolist(), tokens.tolist(), best_lp.tolist()):
@@ -118,16 +123,10 @@ def beam_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, beam: 
     scores = torch.full((bsz, beam), -math.inf, device=device)  # log-probability of each open hypothesis
     scores[:, 0] = 0.0  # all beams start identical; keep one so the first step does not pick duplicates
     history = torch.full((bsz * beam, 1), bos, dtype=torch.long, device=device)  # (N, t)
-    not_eos = torch.full((vocab,), -math.inf, device=device)
-    not_eos[eos] = 0.0
     for step in range(int(limits.max()) + 1):
         n_active = active.shape[0]
-        lprobs = ensemble.step(history[:, -1], states)  # (N, V)
-        lprobs[:, ensemble.pad] = -math.inf
-        lprobs[:, bos] = -math.inf
         at_limit = (limits[active] <= step).repeat_interleave(beam)
-        if at_limit.any():  # only </s> is allowed, at the model's own probability
-            lprobs[at_limit] = lprobs[at_limit] + not_eos
+        lprobs = constrain(ensemble.step(history[:, -1], states), at_limit, ensemble.pad, bos, eos)  # (N, V)
         candidates = (scores.unsqueeze(-1) + lprobs.view(n_active, beam, vocab)).view(n_active, beam * vocab)
         top_scores, top_index = candidates.topk(min(2 * beam, beam * vocab), dim=1)  # (B', 2*beam)
         top_beam, top_token = top_index // vocab, top_index % vocab
@@ -136,28 +135,27 @@ def beam_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, beam: 
         # Finished hypotheses: every </s> candidate among the 2*beam best.
         penalty = length_penalty(step + 1, lenpen)
         if is_eos.any():
+            sentences, beams, totals = active.tolist(), top_beam.tolist(), top_scores.tolist()
             for b, k in is_eos.nonzero().tolist():
-                row = b * beam + int(top_beam[b, k])
-                tokens = history[row, 1:].tolist()
-                finished[int(active[b])].append(Hypothesis(tokens, float(top_scores[b, k]) / penalty))
+                tokens = history[b * beam + beams[b][k], 1:].tolist()
+                finished[sentences[b]].append(Hypothesis(tokens, totals[b][k] / penalty))
 
         # Open hypotheses: the `beam` best candidates that do not end in </s>.
-        open_scores = top_scores.masked_fill(is_eos | (top_token == eos), -math.inf)
+        open_scores = top_scores.masked_fill(top_token == eos, -math.inf)
         open_scores, pick = open_scores.topk(beam, dim=1)  # (B', beam)
         open_beam, open_token = top_beam.gather(1, pick), top_token.gather(1, pick)
 
         # A sentence is done when no open hypothesis can beat its nbest-th finished one.
         best_open = open_scores[:, 0]
-        bound = best_open / length_penalty(limits[active].float() + 1, lenpen)
-        done = torch.zeros(n_active, dtype=torch.bool)
-        for b in range(n_active):
-            hyps = finished[int(active[b])]
+        bounds = (best_open / length_penalty(limits[active].float() + 1, lenpen)).tolist()
+        done = []
+        for sentence, best, bound in zip(active.tolist(), best_open.tolist(), bounds):
+            hyps = finished[sentence]
             if len(hyps) >= nbest:
                 hyps.sort(key=lambda h: -h.score)
                 del hyps[beam:]
-                done[b] = not math.isfinite(float(best_open[b])) or float(bound[b]) <= hyps[nbest - 1].score
-            elif not math.isfinite(float(best_open[b])):
-                done[b] = True
+            done.append(not math.isfinite(best) or (len(hyps) >= nbest and bound <= hyps[nbest - 1].score))
+        done = torch.tensor(done)
         if bool(done.all()):
             break
         keep = (~done).nonzero().squeeze(1).to(device)  # (B'',)

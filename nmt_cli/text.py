@@ -25,9 +25,9 @@ def _detokenizer(lang: str) -> MosesDetokenizer:
     return MosesDetokenizer(lang=lang)
 
 
-def tokenize(line: str, lang: str) -> str:
-    """Moses-tokenize one line: no XML escaping, aggressive hyphen splitting (``a @-@ b``)."""
-    return _tokenizer(lang).tokenize(line, escape=False, aggressive_dash_splits=True, return_str=True)
+def tokenize(line: str, lang: str, aggressive_dash: bool = True) -> str:
+    """Moses-tokenize one line without XML escaping; hyphens split as ``a @-@ b`` unless told otherwise."""
+    return _tokenizer(lang).tokenize(line, escape=False, aggressive_dash_splits=aggressive_dash, return_str=True)
 
 
 def detokenize(line: str, lang: str) -> str:

@@ -59,6 +59,11 @@ _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 
+def apply_default_mode(path: Path, directory: bool = False) -> None:
+    """Give a file or directory made by mkstemp/mkdtemp (0600/0700) the mode the umask asks for."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~_UMASK)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds."""
@@ -69,7 +74,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
-        os.chmod(tmp_path, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file the usual mode
+        apply_default_mode(tmp_path)
         os.replace(tmp_path, path)
     finally:
         if tmp_path.exists():

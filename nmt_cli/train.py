@@ -272,14 +272,15 @@ def train(opts: TrainOptions) -> dict:
                 # Loss summed over target tokens, divided by the global token count; DDP averages
                 # gradients over processes, hence the world_size factor.
                 factor = ctx.world_size / global_tokens
+                update_loss, update_tokens = 0.0, 0
                 for i, batch in enumerate(micro):
                     sync = i == len(micro) - 1
                     with runner.no_sync() if ctx.enabled and not sync else nullcontext():
                         with autocast_context(opts.precision, device):
                             loss = runner(batch.src, batch.prev_output, batch.target)
                         scaler.scale(loss * factor).backward()
-                    window["loss"] += float(loss.detach())
-                    window["tokens"] += batch.ntokens
+                    update_loss += float(loss.detach())
+                    update_tokens += batch.ntokens
                 if opts.clip_norm > 0:
                     scaler.unscale_(optimizer)
                     nn.utils.clip_grad_norm_(model.parameters(), opts.clip_norm)
@@ -290,7 +291,7 @@ def train(opts: TrainOptions) -> dict:
                     scaler.update()
                     skipped = scaler.get_scale() < scale_before  # inf/NaN gradients: the scaler skipped it
                 else:
-                    (bad,) = D.all_reduce_sum([float(not math.isfinite(window["loss"]))], ctx, device)
+                    (bad,) = D.all_reduce_sum([float(not math.isfinite(update_loss))], ctx, device)
                     skipped = bad > 0
                     if not skipped:
                         optimizer.step()
@@ -301,7 +302,6 @@ def train(opts: TrainOptions) -> dict:
                     # Weights untouched, schedule not advanced; never a NaN model.
                     log.write({"event": "overflow", "update": progress["updates"] + 1,
                                "loss_scale": scaler.get_scale() if scaler.is_enabled() else None})
-                    window["loss"] = 0.0
                     if progress["batch_pos"] >= len(mine):
                         progress["epoch"] += 1
                         progress["batch_pos"] = 0
@@ -309,6 +309,8 @@ def train(opts: TrainOptions) -> dict:
                     continue
                 progress["updates"] += 1
                 updates = progress["updates"]
+                window["loss"] += update_loss
+                window["tokens"] += update_tokens
 
                 end_of_epoch = progress["batch_pos"] >= len(mine)
                 if end_of_epoch:
