@@ -2,8 +2,14 @@
 
 import os
 
-# oneDNN (bf16 matmuls on CPU) caches a compiled kernel per matrix shape, 1024 by default; with
-# variable-length batches that cache grows by gigabytes. 256 keeps memory bounded at no measured speed cost.
-os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "256")
-
 __version__ = "0.1.0"
+
+# oneDNN (bf16 matmuls on CPU) compiles and caches one kernel per matrix shape, 1024 by default, and reads
+# the cache size once, at its first kernel, so the first workload in a process decides it.
+TRAINING_KERNEL_CACHE = 256  # variable (batch x length) shapes: a larger cache grows by gigabytes
+DECODING_KERNEL_CACHE = 4096  # beam search's shrinking row counts cycle through ~500 shapes; 256 thrashes (-15%)
+
+
+def size_kernel_cache(capacity: int) -> None:
+    """Ask oneDNN to cache `capacity` kernels, unless the user set ONEDNN_PRIMITIVE_CACHE_CAPACITY."""
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(capacity))

@@ -149,30 +149,50 @@ class EncoderLayer(nn.Module):
         return self.sublayer[1](x, self.feed_forward)
 
 
-class KVCache:
-    """Preallocated self-attention keys and values of one decoder layer, (N, h, max_len, dk) each."""
+def attention_dtype(x: Tensor) -> torch.dtype:
+    """The dtype `MultiHeadAttention.attend` computes in for inputs like x (fp32 for bf16 on CPU)."""
+    device = x.device.type
+    if device == "cpu" and (x.dtype == torch.bfloat16 or torch.is_autocast_enabled("cpu")):
+        return torch.float32
+    if device != "cpu" and torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return x.dtype
 
-    def __init__(self, rows: int, heads: int, max_len: int, dk: int, like: Tensor) -> None:
-        self.k = like.new_empty(rows, heads, max_len, dk)
-        self.v = like.new_empty(rows, heads, max_len, dk)
+
+class KVCache:
+    """Self-attention keys and values of every decoder layer, preallocated: (N, max_len, layers, 2, h, dk).
+
+    Time-major, so the filled steps of a hypothesis are one contiguous block and beam reordering is one
+    `index_select` for all layers, written into a second buffer (swapped in) instead of copied back.
+    """
+
+    def __init__(self, rows: int, layers: int, heads: int, max_len: int, dk: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.buffer = torch.empty(rows, max_len, layers, 2, heads, dk, dtype=dtype, device=device)
+        self.spare: Tensor | None = None  # the reorder target, allocated on first use
         self.rows, self.length = rows, 0  # rows in use (the first ones), steps filled
 
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store one step's (N, h, 1, dk) keys and values; return all so far, (N, h, t, dk)."""
-        t, n = self.length, self.rows
-        self.k[:n, :, t : t + 1] = k
-        self.v[:n, :, t : t + 1] = v
-        self.length = t + 1
-        return self.k[:n, :, : t + 1], self.v[:n, :, : t + 1]
+    def append(self, layer: int, kv: Tensor) -> tuple[Tensor, Tensor]:
+        """Store one layer's keys and values of the current step, kv (N, 1, 2 * d) as in_proj stacks them.
+
+        Returns that layer's keys and values of all steps so far, each (N, h, t, dk).
+        """
+        n, t = self.rows, self.length
+        cache = self.buffer[:n, : t + 1, layer]  # (N, t, 2, h, dk)
+        cache[:, t] = kv.view(cache.shape[0], *cache.shape[2:])
+        return cache[:, :, 0].transpose(1, 2), cache[:, :, 1].transpose(1, 2)
+
+    def advance(self) -> None:
+        """Mark the current step as filled (after every layer appended)."""
+        self.length += 1
 
     def reorder(self, rows: Tensor) -> None:
-        """Keep only `rows` (N',) in the given order: beam search's backpointers.
-
-        Only the filled steps are copied, into the first N' rows of the same buffers.
-        """
+        """Keep only `rows` (N',) in the given order: beam search's backpointers."""
         t, n = self.length, rows.shape[0]
-        self.k[:n, :, :t] = self.k[: self.rows, :, :t].index_select(0, rows)
-        self.v[:n, :, :t] = self.v[: self.rows, :, :t].index_select(0, rows)
+        if self.spare is None:
+            self.spare = torch.empty_like(self.buffer)
+        torch.index_select(self.buffer[: self.rows, :t], 0, rows, out=self.spare[:n, :t])
+        self.buffer, self.spare = self.spare, self.buffer
         self.rows = n
 
 
@@ -185,15 +205,17 @@ class DecoderLayer(nn.Module):
         self.sublayer = nn.ModuleList(SublayerConnection(c.d_model, c.dropout, c.pre_norm) for _ in range(3))
 
     def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], src_mask: Tensor, cache: KVCache | None = None,
-                ) -> Tensor:
+                layer: int = 0) -> Tensor:
         """x (N, T, d); memory_kv (B, h, S, dk) each with N = B * beam; cache given means T == 1."""
 
         def self_attention(y: Tensor) -> Tensor:
-            q, k, v = self.self_attn.project_qkv(y)
             if cache is None:
-                return self.self_attn.attend(q, k, v, causal=True)
-            k, v = cache.append(k, v)
-            return self.self_attn.attend(q, k, v)
+                return self.self_attn.attend(*self.self_attn.project_qkv(y), causal=True)
+            attn = self.self_attn
+            d = attn.heads * attn.dk
+            qkv = attn.in_proj(y)  # (N, 1, 3d)
+            k, v = cache.append(layer, qkv[..., d:])
+            return attn.attend(attn._split(qkv[..., :d]), k, v)
 
         def cross_attention(y: Tensor) -> Tensor:
             k, v = memory_kv
@@ -213,14 +235,13 @@ class DecoderLayer(nn.Module):
 class DecoderState:
     """Everything incremental decoding keeps between steps: cross-attention keys/values and self-attention caches."""
 
-    def __init__(self, memory_kv: list[tuple[Tensor, Tensor]], src_mask: Tensor, caches: list[KVCache]) -> None:
-        self.memory_kv, self.src_mask, self.caches = memory_kv, src_mask, caches
+    def __init__(self, memory_kv: list[tuple[Tensor, Tensor]], src_mask: Tensor, cache: KVCache) -> None:
+        self.memory_kv, self.src_mask, self.cache = memory_kv, src_mask, cache
         self.step = 0
 
     def reorder(self, rows: Tensor, sentences: Tensor | None = None) -> None:
         """Reorder hypotheses to `rows` (N',); when sentences finished, keep only `sentences` (B',)."""
-        for cache in self.caches:
-            cache.reorder(rows)
+        self.cache.reorder(rows)
         if sentences is not None:
             self.memory_kv = [(k.index_select(0, sentences), v.index_select(0, sentences)) for k, v in self.memory_kv]
             self.src_mask = self.src_mask.index_select(0, sentences)
@@ -290,17 +311,22 @@ class Transformer(nn.Module):
     def start_decoding(self, memory: Tensor, src_mask: Tensor, beam: int, max_len: int) -> DecoderState:
         """Incremental decoding state for B sentences with `beam` hypotheses each and up to `max_len` steps."""
         c = self.config
-        rows = memory.shape[0] * beam
-        caches = [KVCache(rows, c.heads, max_len, c.d_model // c.heads, memory) for _ in self.decoder]
-        return DecoderState(self.memory_kv(memory), src_mask, caches)
+        # Keys and values are stored in the dtype attention computes in, so no step converts them again.
+        dtype = attention_dtype(memory)
+        cache = KVCache(memory.shape[0] * beam, c.layers, c.heads, max_len, c.d_model // c.heads, dtype,
+                        memory.device)
+        memory_kv = [(k.to(dtype), v.to(dtype)) for k, v in self.memory_kv(memory)]
+        return DecoderState(memory_kv, src_mask, cache)
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
-        """One decoder step: tokens (N,) of the current position -> next-token logits (N, V)."""
+        """One decoder step: tokens (N,) of the current position -> decoder output (N, d); `logits` of it
+        scores the next token."""
         x = self._embed(tokens[:, None], offset=state.step)  # (N, 1, d)
-        for layer, kv, cache in zip(self.decoder, state.memory_kv, state.caches):
-            x = layer(x, kv, state.src_mask, cache)
+        for i, (layer, kv) in enumerate(zip(self.decoder, state.memory_kv)):
+            x = layer(x, kv, state.src_mask, state.cache, i)
+        state.cache.advance()
         state.step += 1
-        return self.logits(self.decoder_norm(x[:, 0]))
+        return self.decoder_norm(x[:, 0])
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -1,12 +1,17 @@
-"""Two hot-path building blocks, written for speed: dropout and the fused output-projection loss.
+"""Hot-path building blocks, written for speed: dropout, the fused output-projection loss, and the fused
+output projection + log-softmax + top-k of a decoding step.
 
 Profiling a CPU training step showed dropout's `bernoulli_` and the (tokens x vocabulary) logits
-(allocation, log-softmax, their backward) each costing about as much as all the matrix products.
+(allocation, log-softmax, their backward) each costing about as much as all the matrix products; in beam
+search the (hypotheses x vocabulary) passes of log-softmax and top-k cost more than the projection itself.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -98,3 +103,36 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, smoothi
             total += torch.nn.functional.cross_entropy(logits, target[start : start + chunk],
                                                        label_smoothing=smoothing, reduction="sum")
     return total
+
+
+VOCAB_BLOCK = 4096
+
+
+def linear_log_softmax_topk(hidden: Tensor, weight: Tensor, k: int, exclude: tuple[int, ...] = (),
+                            block: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """The k largest entries per row of log_softmax(hidden @ weight^T), float32, without the (N, V) matrix.
+
+    hidden (N, d), weight (V, d). Returns values (N, k), their columns (N, k) and the log-normalizer (N, 1),
+    so any other column c's log-probability is hidden @ weight[c] - normalizer. Columns in `exclude` count in
+    the normalizer but are never returned. The vocabulary is processed in blocks that stay in cache, each
+    contributing its top k, its maximum and its sum of exponentials (combined as in online softmax); a
+    decoding step then reads the logits once instead of the five passes of log_softmax + topk.
+    """
+    block = block or VOCAB_BLOCK
+    maxima, sums, tops, columns = [], [], [], []
+    for start in range(0, weight.shape[0], block):
+        logits = F.linear(hidden, weight[start : start + block]).float()  # (N, block)
+        peak = logits.amax(-1, keepdim=True)
+        sums.append((logits - peak).exp_().sum(-1, keepdim=True))
+        maxima.append(peak)
+        for c in exclude:
+            if start <= c < start + logits.shape[1]:
+                logits[:, c - start] = -math.inf
+        value, column = logits.topk(min(k, logits.shape[1]), dim=-1)
+        tops.append(value)
+        columns.append(column + start)
+    maxima_all = torch.cat(maxima, 1)  # (N, blocks)
+    peak = maxima_all.amax(-1, keepdim=True)
+    normalizer = peak + (torch.cat(sums, 1) * (maxima_all - peak).exp_()).sum(-1, keepdim=True).log_()
+    value, pick = torch.cat(tops, 1).topk(k, dim=-1)
+    return value - normalizer, torch.cat(columns, 1).gather(1, pick), normalizer

@@ -7,9 +7,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .model import DecoderState, Transformer
+from .ops import linear_log_softmax_topk
 
 
 def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
@@ -42,29 +44,42 @@ class EnsembleModel:
             states.append(model.start_decoding(memory, mask, beam, max_len))
         return states
 
-    def step(self, tokens: Tensor, states: list[DecoderState]) -> Tensor:
-        """Next-token log-probabilities (N, V), float32, given the last tokens (N,)."""
-        lprobs = [torch.log_softmax(m.decode_step(tokens, s).float(), dim=-1) for m, s in zip(self.models, states)]
-        if len(lprobs) == 1:
-            return lprobs[0]
-        return torch.logsumexp(torch.stack(lprobs), dim=0) - math.log(len(lprobs))
+    def step(self, tokens: Tensor, states: list[DecoderState], k: int, at_limit: Tensor, bos: int,
+             eos: int) -> tuple[Tensor, Tensor]:
+        """The k most probable next tokens of each row and their log-probabilities, (N, k) each, float32.
+
+        tokens (N,) are the rows' last tokens. <pad> and <s> are never proposed; rows where `at_limit`
+        (N,) is true may only end: </s> at the model's own probability, then -inf candidates.
+        """
+        pad = self.pad
+        limited = at_limit.nonzero().squeeze(1) if bool(at_limit.any()) else None
+        if len(self.models) == 1:
+            # One model: its log-softmax is never materialized, only each row's k best entries.
+            model = self.models[0]
+            hidden = model.decode_step(tokens, states[0])  # (N, d)
+            top, index, normalizer = linear_log_softmax_topk(hidden, model.embed.weight, k, exclude=(pad, bos))
+            if limited is not None:
+                eos_logits = F.linear(hidden[limited], model.embed.weight[eos : eos + 1]).float()[:, 0]
+                eos_lprobs = eos_logits - normalizer[limited, 0]
+        else:
+            lprobs = [torch.log_softmax(m.logits(m.decode_step(tokens, s)).float(), dim=-1)
+                      for m, s in zip(self.models, states)]
+            scores = torch.logsumexp(torch.stack(lprobs), dim=0) - math.log(len(lprobs))
+            scores[:, pad] = -math.inf
+            scores[:, bos] = -math.inf
+            top, index = scores.topk(k, dim=-1)
+            if limited is not None:
+                eos_lprobs = scores[limited, eos]
+        if limited is not None:
+            top[limited] = -math.inf
+            top[limited, 0] = eos_lprobs
+            index[limited, 0] = eos
+        return top, index
 
     @staticmethod
     def reorder(states: list[DecoderState], rows: Tensor, sentences: Tensor | None = None) -> None:
         for state in states:
             state.reorder(rows, sentences)
-
-
-def constrain(lprobs: Tensor, at_limit: Tensor, pad: int, bos: int, eos: int) -> Tensor:
-    """Never <pad> or <s>; rows at their length limit may only end (</s> at the model's own probability)."""
-    lprobs[:, pad] = -math.inf
-    lprobs[:, bos] = -math.inf
-    if at_limit.any():
-        rows = at_limit.nonzero().squeeze(1)
-        ending = lprobs[rows, eos]
-        lprobs[rows] = -math.inf
-        lprobs[rows, eos] = ending
-    return lprobs
 
 
 def max_lengths(src: Tensor, pad: int, eos: int, a: float, b: int, limit: int) -> Tensor:
@@ -88,8 +103,8 @@ def greedy_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, max_
     outputs: list[list[int]] = [[] for _ in range(bsz)]
     scores = [0.0] * bsz
     for step in range(int(limits.max()) + 1):
-        lprobs = constrain(ensemble.step(tokens, states), limits[active] <= step, ensemble.pad, bos, eos)  # (N, V)
-        best_lp, tokens = lprobs.max(dim=-1)
+        best_lp, tokens = ensemble.step(tokens, states, 1, limits[active] <= step, bos, eos)  # (N, 1) each
+        best_lp, tokens = best_lp[:, 0], tokens[:, 0]
         done = tokens == eos
         for i, tok, lp in zip(active.tolist(), tokens.tolist(), best_lp.tolist()):
             scores[i] += lp
@@ -115,7 +130,6 @@ def beam_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, beam: 
     """
     nbest = min(nbest, beam)
     bsz, device = src.shape[0], src.device
-    vocab = ensemble.vocab_size
     limits = max_lengths(src, ensemble.pad, eos, max_len_a, max_len_b, ensemble.max_positions)
     states = ensemble.start(src, beam, int(limits.max()) + 1)
     finished: list[list[Hypothesis]] = [[] for _ in range(bsz)]
@@ -123,22 +137,25 @@ def beam_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, beam: 
     scores = torch.full((bsz, beam), -math.inf, device=device)  # log-probability of each open hypothesis
     scores[:, 0] = 0.0  # all beams start identical; keep one so the first step does not pick duplicates
     history = torch.full((bsz * beam, 1), bos, dtype=torch.long, device=device)  # (N, t)
+    # Each hypothesis proposes its k best continuations; the sentence keeps the 2 * beam best of those
+    # (2 * beam, as in fairseq, so that `beam` remain open even if up to `beam` of them end in </s>).
+    k = min(2 * beam, ensemble.vocab_size)
     for step in range(int(limits.max()) + 1):
         n_active = active.shape[0]
         at_limit = (limits[active] <= step).repeat_interleave(beam)
-        lprobs = constrain(ensemble.step(history[:, -1], states), at_limit, ensemble.pad, bos, eos)  # (N, V)
-        candidates = (scores.unsqueeze(-1) + lprobs.view(n_active, beam, vocab)).view(n_active, beam * vocab)
-        top_scores, top_index = candidates.topk(min(2 * beam, beam * vocab), dim=1)  # (B', 2*beam)
-        top_beam, top_token = top_index // vocab, top_index % vocab
+        lprobs, tokens = ensemble.step(history[:, -1], states, k, at_limit, bos, eos)  # (N, k) each
+        candidates = (scores.unsqueeze(-1) + lprobs.view(n_active, beam, k)).view(n_active, beam * k)
+        top_scores, top_index = candidates.topk(min(2 * beam, beam * k), dim=1)  # (B', 2*beam)
+        top_beam, top_token = top_index // k, tokens.view(n_active, beam * k).gather(1, top_index)
         is_eos = (top_token == eos) & torch.isfinite(top_scores)
 
         # Finished hypotheses: every </s> candidate among the 2*beam best.
         penalty = length_penalty(step + 1, lenpen)
         if is_eos.any():
             sentences, beams, totals = active.tolist(), top_beam.tolist(), top_scores.tolist()
-            for b, k in is_eos.nonzero().tolist():
-                tokens = history[b * beam + beams[b][k], 1:].tolist()
-                finished[sentences[b]].append(Hypothesis(tokens, totals[b][k] / penalty))
+            for b, j in is_eos.nonzero().tolist():
+                tokens = history[b * beam + beams[b][j], 1:].tolist()
+                finished[sentences[b]].append(Hypothesis(tokens, totals[b][j] / penalty))
 
         # Open hypotheses: the `beam` best candidates that do not end in </s>.
         open_scores = top_scores.masked_fill(top_token == eos, -math.inf)

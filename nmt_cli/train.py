@@ -15,6 +15,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from . import TRAINING_KERNEL_CACHE, size_kernel_cache
 from . import distributed as D
 from .checkpoint import load_checkpoint, numbered_checkpoints, save_checkpoint
 from .data import DataDir, collate, make_batches, shuffled
@@ -195,6 +196,7 @@ class JsonLog:
 
 def train(opts: TrainOptions) -> dict:
     """Train (or resume) a model as `opts` says; return the final progress record."""
+    size_kernel_cache(TRAINING_KERNEL_CACHE)
     device = D.resolve_device(opts.device, int(os.environ.get("LOCAL_RANK", "0")))
     check_precision(opts.precision, device)
     if opts.update_freq < 1 or opts.max_tokens < 1:

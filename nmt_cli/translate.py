@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from . import text
+from . import DECODING_KERNEL_CACHE, size_kernel_cache, text
 from .checkpoint import load_checkpoint, model_from_checkpoint
 from .distributed import resolve_device
 from .errors import NmtError
@@ -32,6 +32,7 @@ class Translator:
             raise NmtError(f"unknown --precision {precision!r} (use fp32, bf16 or fp16)")
         if precision == "fp16" and device.type != "cuda":
             raise NmtError("--precision fp16 needs CUDA; on CPU use bf16 or fp32")
+        size_kernel_cache(DECODING_KERNEL_CACHE)
         self.ensemble = EnsembleModel(models)
         self.vocab, self.source_lang, self.target_lang = vocab, source_lang, target_lang
         self.bpe = text.BpeApplier(bpe_codes)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from nmt_cli.model import Transformer, make_config, sinusoidal_positions
-from nmt_cli.ops import dropout, linear_cross_entropy
+from nmt_cli.ops import dropout, linear_cross_entropy, linear_log_softmax_topk
 from nmt_cli.train import inverse_sqrt_lr
 
 
@@ -31,7 +31,7 @@ def test_cached_decoding_equals_full_recomputation(pre_norm):
         memory, mask = model.encode(src)
         full = torch.log_softmax(model.logits(model.decode(prev, memory, mask)), -1)  # (B, T, V)
         state = model.start_decoding(memory, mask, beam=1, max_len=10)
-        steps = [torch.log_softmax(model.decode_step(prev[:, t], state), -1) for t in range(7)]
+        steps = [torch.log_softmax(model.logits(model.decode_step(prev[:, t], state)), -1) for t in range(7)]
     torch.testing.assert_close(torch.stack(steps, 1), full, atol=1e-5, rtol=1e-5)
 
 
@@ -51,7 +51,13 @@ def test_cached_decoding_with_beam_reorder():
         order = torch.tensor([5, 3, 3])
         state.reorder(order, sentences=torch.tensor([1]))
         history = prev[order]
-        cached = [torch.log_softmax(model.decode_step(history[:, t], state), -1) for t in range(3, 6)]
+        cached = [torch.log_softmax(model.logits(model.decode_step(history[:, 3], state)), -1)]
+        # a second reorder (the cache's buffers swap back), then the remaining steps
+        again = torch.tensor([2, 0, 1])
+        state.reorder(again)
+        history = history[again]
+        cached = [c[again] for c in cached]
+        cached += [torch.log_softmax(model.logits(model.decode_step(history[:, t], state)), -1) for t in range(4, 6)]
         mem1, mask1 = memory[1:], mask[1:]
         hidden = model.decode(history, mem1.expand(3, -1, -1), mask1.expand(3, -1, -1, -1))
         full = torch.log_softmax(model.logits(hidden), -1)
@@ -114,3 +120,17 @@ def test_dropout_rate_and_expectation():
     y = dropout(x, 0.5, training=True)
     y.sum().backward()
     assert torch.equal(x.grad, (y != 0).float() * 2.0)
+
+
+@pytest.mark.parametrize("block", [7, 32, 100, 4096])
+def test_linear_log_softmax_topk_matches_log_softmax_then_topk(block):
+    """Blocks that divide the vocabulary, that do not, and one block; excluded columns stay in the normalizer."""
+    torch.manual_seed(0)
+    hidden, weight = torch.randn(13, 16), torch.randn(100, 16)
+    values, columns, normalizer = linear_log_softmax_topk(hidden, weight, 8, exclude=(0, 1, 50), block=block)
+    lprobs = torch.log_softmax(hidden @ weight.t(), -1)
+    torch.testing.assert_close(normalizer[:, 0], torch.logsumexp(hidden @ weight.t(), -1))
+    lprobs[:, [0, 1, 50]] = -math.inf
+    expected = lprobs.topk(8, -1)
+    torch.testing.assert_close(values, expected.values)
+    assert torch.equal(columns, expected.indices)
