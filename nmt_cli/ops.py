@@ -105,7 +105,7 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, smoothi
     return total
 
 
-VOCAB_BLOCK = 4096
+VOCAB_BLOCK = 4096  # columns per block of `linear_log_softmax_topk`: (N, block) floats stay in L2
 
 
 def linear_log_softmax_topk(hidden: Tensor, weight: Tensor, k: int, exclude: tuple[int, ...] = (),
@@ -115,24 +115,31 @@ def linear_log_softmax_topk(hidden: Tensor, weight: Tensor, k: int, exclude: tup
     hidden (N, d), weight (V, d). Returns values (N, k), their columns (N, k) and the log-normalizer (N, 1),
     so any other column c's log-probability is hidden @ weight[c] - normalizer. Columns in `exclude` count in
     the normalizer but are never returned. The vocabulary is processed in blocks that stay in cache, each
-    contributing its top k, its maximum and its sum of exponentials (combined as in online softmax); a
-    decoding step then reads the logits once instead of the five passes of log_softmax + topk.
+    contributing its top k and its sum of exponentials (combined as in online softmax); a decoding step
+    then reads each logit from memory once instead of in the five passes of log_softmax + topk.
     """
     block = block or VOCAB_BLOCK
-    maxima, sums, tops, columns = [], [], [], []
+    peaks, sums, tops, columns = [], [], [], []
     for start in range(0, weight.shape[0], block):
         logits = F.linear(hidden, weight[start : start + block]).float()  # (N, block)
-        peak = logits.amax(-1, keepdim=True)
-        sums.append((logits - peak).exp_().sum(-1, keepdim=True))
-        maxima.append(peak)
-        for c in exclude:
-            if start <= c < start + logits.shape[1]:
-                logits[:, c - start] = -math.inf
+        banned = [c - start for c in exclude if start <= c < start + logits.shape[1]]
+        if banned:
+            banned_logits = logits[:, banned]
+            logits[:, banned] = -math.inf
         value, column = logits.topk(min(k, logits.shape[1]), dim=-1)
+        peak = value[:, :1]
+        if banned:
+            peak = torch.maximum(peak, banned_logits.amax(-1, keepdim=True))
+        peak = peak.nan_to_num(neginf=0.0)  # a row of -inf only (every column excluded): any finite shift works
+        total = logits.sub_(peak).exp_().sum(-1, keepdim=True)  # in place: the logits are not needed again
+        if banned:
+            total += (banned_logits - peak).exp().sum(-1, keepdim=True)
+        peaks.append(peak)
+        sums.append(total)
         tops.append(value)
         columns.append(column + start)
-    maxima_all = torch.cat(maxima, 1)  # (N, blocks)
-    peak = maxima_all.amax(-1, keepdim=True)
-    normalizer = peak + (torch.cat(sums, 1) * (maxima_all - peak).exp_()).sum(-1, keepdim=True).log_()
+    peaks_all = torch.cat(peaks, 1)  # (N, blocks)
+    peak = peaks_all.amax(-1, keepdim=True)
+    normalizer = peak + (torch.cat(sums, 1) * (peaks_all - peak).exp_()).sum(-1, keepdim=True).log_()
     value, pick = torch.cat(tops, 1).topk(k, dim=-1)
     return value - normalizer, torch.cat(columns, 1).gather(1, pick), normalizer
