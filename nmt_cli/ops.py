@@ -126,7 +126,10 @@ def linear_log_softmax_topk(hidden: Tensor, weight: Tensor, k: int, exclude: tup
         if banned:
             banned_logits = logits[:, banned]
             logits[:, banned] = -math.inf
-        value, column = logits.topk(min(k, logits.shape[1]), dim=-1)
+        if k == 1:  # greedy search: max is a single pass, topk keeps a heap
+            value, column = logits.max(-1, keepdim=True)
+        else:
+            value, column = logits.topk(min(k, logits.shape[1]), dim=-1)
         peak = value[:, :1]
         if banned:
             peak = torch.maximum(peak, banned_logits.amax(-1, keepdim=True))
