@@ -206,7 +206,8 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], src_mask: Tensor, cache: KVCache | None = None,
                 layer: int = 0) -> Tensor:
-        """x (N, T, d); memory_kv (B, h, S, dk) each with N = B * beam; cache given means T == 1."""
+        """x (N, T, d); memory_kv (B, h, S, dk) each with N = B * beam. With a cache, T == 1 and `layer` is
+        this layer's index in it."""
 
         def self_attention(y: Tensor) -> Tensor:
             if cache is None:

@@ -103,8 +103,8 @@ def greedy_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, max_
     outputs: list[list[int]] = [[] for _ in range(bsz)]
     scores = [0.0] * bsz
     for step in range(int(limits.max()) + 1):
-        best_lp, tokens = ensemble.step(tokens, states, 1, limits[active] <= step, bos, eos)  # (N, 1) each
-        best_lp, tokens = best_lp[:, 0], tokens[:, 0]
+        best_lp, best = ensemble.step(tokens, states, 1, limits[active] <= step, bos, eos)  # (N, 1) each
+        best_lp, tokens = best_lp[:, 0], best[:, 0]
         done = tokens == eos
         for i, tok, lp in zip(active.tolist(), tokens.tolist(), best_lp.tolist()):
             scores[i] += lp
@@ -143,10 +143,10 @@ def beam_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, beam: 
     for step in range(int(limits.max()) + 1):
         n_active = active.shape[0]
         at_limit = (limits[active] <= step).repeat_interleave(beam)
-        lprobs, tokens = ensemble.step(history[:, -1], states, k, at_limit, bos, eos)  # (N, k) each
+        lprobs, proposals = ensemble.step(history[:, -1], states, k, at_limit, bos, eos)  # (N, k) each
         candidates = (scores.unsqueeze(-1) + lprobs.view(n_active, beam, k)).view(n_active, beam * k)
         top_scores, top_index = candidates.topk(min(2 * beam, beam * k), dim=1)  # (B', 2*beam)
-        top_beam, top_token = top_index // k, tokens.view(n_active, beam * k).gather(1, top_index)
+        top_beam, top_token = top_index // k, proposals.view(n_active, beam * k).gather(1, top_index)
         is_eos = (top_token == eos) & torch.isfinite(top_scores)
 
         # Finished hypotheses: every </s> candidate among the 2*beam best.
