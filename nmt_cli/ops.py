@@ -106,6 +106,7 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, smoothi
 
 
 VOCAB_BLOCK = 4096  # columns per block of `linear_log_softmax_topk`: (N, block) floats stay in L2
+UNBLOCKED_SIZE = 1 << 18  # up to this many logits (N x V), blocks save less than their extra ops cost
 
 
 def linear_log_softmax_topk(hidden: Tensor, weight: Tensor, k: int, exclude: tuple[int, ...] = (),
@@ -118,6 +119,12 @@ def linear_log_softmax_topk(hidden: Tensor, weight: Tensor, k: int, exclude: tup
     contributing its top k and its sum of exponentials (combined as in online softmax); a decoding step
     then reads each logit from memory once instead of in the five passes of log_softmax + topk.
     """
+    if hidden.shape[0] * weight.shape[0] <= UNBLOCKED_SIZE:  # few rows (batch 1): fewest ops wins
+        logits = F.linear(hidden, weight).float()
+        normalizer = torch.logsumexp(logits, -1, keepdim=True)
+        logits[:, list(exclude)] = -math.inf
+        value, column = logits.max(-1, keepdim=True) if k == 1 else logits.topk(k, dim=-1)
+        return value - normalizer, column, normalizer
     block = block or VOCAB_BLOCK
     peaks, sums, tops, columns = [], [], [], []
     for start in range(0, weight.shape[0], block):

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from nmt_cli import ops
 from nmt_cli.model import Transformer, make_config, sinusoidal_positions
 from nmt_cli.ops import dropout, linear_cross_entropy, linear_log_softmax_topk
 from nmt_cli.train import inverse_sqrt_lr
@@ -123,14 +124,18 @@ def test_dropout_rate_and_expectation():
 
 
 @pytest.mark.parametrize("vocab,block", [(100, 7), (100, 32), (100, 100), (100, 4096), (5000, 4096)])
-def test_linear_log_softmax_topk_matches_log_softmax_then_topk(vocab, block):
-    """Blocks that divide the vocabulary, that do not, and one block; excluded columns stay in the normalizer."""
+@pytest.mark.parametrize("k", [1, 8])
+@pytest.mark.parametrize("unblocked_size", [0, 1 << 18])
+def test_linear_log_softmax_topk_matches_log_softmax_then_topk(vocab, block, k, unblocked_size, monkeypatch):
+    """Blocks that divide the vocabulary, that do not, and one block, and the unblocked path for small
+    inputs; excluded columns stay in the normalizer."""
+    monkeypatch.setattr(ops, "UNBLOCKED_SIZE", unblocked_size)
     torch.manual_seed(0)
     hidden, weight = torch.randn(13, 16), torch.randn(vocab, 16)
-    values, columns, normalizer = linear_log_softmax_topk(hidden, weight, 8, exclude=(0, 1, 50), block=block)
+    values, columns, normalizer = linear_log_softmax_topk(hidden, weight, k, exclude=(0, 1, 50), block=block)
     lprobs = torch.log_softmax(hidden @ weight.t(), -1)
     torch.testing.assert_close(normalizer[:, 0], torch.logsumexp(hidden @ weight.t(), -1))
     lprobs[:, [0, 1, 50]] = -math.inf
-    expected = lprobs.topk(8, -1)
+    expected = lprobs.topk(k, -1)
     torch.testing.assert_close(values, expected.values)
     assert torch.equal(columns, expected.indices)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import random
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import sys
 import pytest
 import torch
 
+from nmt_cli import DECODING_KERNEL_CACHE
 from nmt_cli.model import Transformer, make_config
 from nmt_cli.search import EnsembleModel, beam_search, greedy_search, length_penalty
 from nmt_cli.translate import Translator
@@ -102,6 +104,16 @@ def test_wide_beam_finds_the_exhaustive_optimum(lenpen):
 def test_ensemble_of_one_model_twice_equals_the_model(toy_model, sources, translator):
     double = Translator.from_checkpoint([toy_model, toy_model])
     assert double.translate(sources[:20], beam=4) == translator.translate(sources[:20], beam=4)
+
+
+def test_translator_sizes_onednn_kernel_cache_unless_user_did(toy_model, monkeypatch):
+    """Beam search's changing row counts need a larger oneDNN kernel cache than training; a user's value wins."""
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    Translator.from_checkpoint(toy_model)
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(DECODING_KERNEL_CACHE)
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "77")
+    Translator.from_checkpoint(toy_model)
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "77"
 
 
 def test_empty_and_overlong_lines(translator):
