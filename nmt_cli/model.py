@@ -170,16 +170,21 @@ class KVCache:
                  device: torch.device) -> None:
         self.buffer = torch.empty(rows, max_len, layers, 2, heads, dk, dtype=dtype, device=device)
         self.spare: Tensor | None = None  # the reorder target, allocated on first use
-        self.rows, self.length = rows, 0  # rows in use (the first ones), steps filled
+        self.rows, self.length = rows, 0  # rows in use (the first ones; set by the first step), steps filled
 
     def append(self, layer: int, kv: Tensor) -> tuple[Tensor, Tensor]:
         """Store one layer's keys and values of the current step, kv (N, 1, 2 * d) as in_proj stacks them.
 
-        Returns that layer's keys and values of all steps so far, each (N, h, t, dk).
+        Returns that layer's keys and values of all steps so far, each (N, h, t, dk). The first step may use
+        fewer rows than the cache holds (beam search's first step: one per sentence); `reorder` fans out.
         """
-        n, t = self.rows, self.length
+        n, t = kv.shape[0], self.length
+        if t == 0:
+            self.rows = n
+        elif n != self.rows:
+            raise ValueError(f"decoding {n} rows with a cache of {self.rows}; reorder it first")
         cache = self.buffer[:n, : t + 1, layer]  # (N, t, 2, h, dk)
-        cache[:, t] = kv.view(cache.shape[0], *cache.shape[2:])
+        cache[:, t] = kv.view(n, *cache.shape[2:])
         return cache[:, :, 0].transpose(1, 2), cache[:, :, 1].transpose(1, 2)
 
     def advance(self) -> None:
@@ -310,7 +315,10 @@ class Transformer(nn.Module):
         return self.decode(prev_output, memory, src_mask)
 
     def start_decoding(self, memory: Tensor, src_mask: Tensor, beam: int, max_len: int) -> DecoderState:
-        """Incremental decoding state for B sentences with `beam` hypotheses each and up to `max_len` steps."""
+        """Incremental decoding state for B sentences with up to `beam` hypotheses each and `max_len` steps.
+
+        The first step decodes B * beam rows, or B (one per sentence) for `reorder` to fan out to B * beam.
+        """
         c = self.config
         # Keys and values are stored in the dtype attention computes in, so no step converts them again.
         dtype = attention_dtype(memory)

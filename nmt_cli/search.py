@@ -134,19 +134,22 @@ def beam_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, beam: 
     states = ensemble.start(src, beam, int(limits.max()) + 1)
     finished: list[list[Hypothesis]] = [[] for _ in range(bsz)]
     active = torch.arange(bsz, device=device)  # original index of each active sentence, (B',)
-    scores = torch.full((bsz, beam), -math.inf, device=device)  # log-probability of each open hypothesis
-    scores[:, 0] = 0.0  # all beams start identical; keep one so the first step does not pick duplicates
-    history = torch.full((bsz * beam, 1), bos, dtype=torch.long, device=device)  # (N, t)
     # Each hypothesis proposes its k best continuations; the sentence keeps the 2 * beam best of those
     # (2 * beam, as in fairseq, so that `beam` remain open even if up to `beam` of them end in </s>).
     k = min(2 * beam, ensemble.vocab_size)
+    # All of a sentence's hypotheses start identical, so the first step decodes one row per sentence (the
+    # others would only repeat it); with a vocabulary too small to fill the beam from one row, all `beam`.
+    width = 1 if k >= beam else beam  # open hypotheses per active sentence
+    scores = torch.full((bsz, width), -math.inf, device=device)  # log-probability of each open hypothesis
+    scores[:, 0] = 0.0  # one live start per sentence, so the first step does not pick duplicates
+    history = torch.full((bsz * width, 1), bos, dtype=torch.long, device=device)  # (N, t)
     for step in range(int(limits.max()) + 1):
         n_active = active.shape[0]
-        at_limit = (limits[active] <= step).repeat_interleave(beam)
+        at_limit = (limits[active] <= step).repeat_interleave(width)
         lprobs, proposals = ensemble.step(history[:, -1], states, k, at_limit, bos, eos)  # (N, k) each
-        candidates = (scores.unsqueeze(-1) + lprobs.view(n_active, beam, k)).view(n_active, beam * k)
-        top_scores, top_index = candidates.topk(min(2 * beam, beam * k), dim=1)  # (B', 2*beam)
-        top_beam, top_token = top_index // k, proposals.view(n_active, beam * k).gather(1, top_index)
+        candidates = (scores.unsqueeze(-1) + lprobs.view(n_active, width, k)).view(n_active, width * k)
+        top_scores, top_index = candidates.topk(min(2 * beam, width * k), dim=1)  # (B', 2*beam)
+        top_beam, top_token = top_index // k, proposals.view(n_active, width * k).gather(1, top_index)
         is_eos = (top_token == eos) & torch.isfinite(top_scores)
 
         # Finished hypotheses: every </s> candidate among the 2*beam best.
@@ -154,7 +157,7 @@ def beam_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, beam: 
         if is_eos.any():
             sentences, beams, totals = active.tolist(), top_beam.tolist(), top_scores.tolist()
             for b, j in is_eos.nonzero().tolist():
-                tokens = history[b * beam + beams[b][j], 1:].tolist()
+                tokens = history[b * width + beams[b][j], 1:].tolist()
                 finished[sentences[b]].append(Hypothesis(tokens, totals[b][j] / penalty))
 
         # Open hypotheses: the `beam` best candidates that do not end in </s>.
@@ -176,11 +179,12 @@ def beam_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, beam: 
         if bool(done.all()):
             break
         keep = (~done).nonzero().squeeze(1).to(device)  # (B'',)
-        rows = ((keep * beam).unsqueeze(1) + open_beam[keep]).view(-1)  # (B'' * beam,)
+        rows = ((keep * width).unsqueeze(1) + open_beam[keep]).view(-1)  # (B'' * beam,)
         history = torch.cat([history.index_select(0, rows), open_token[keep].view(-1, 1)], dim=1)
         scores = open_scores[keep]
         ensemble.reorder(states, rows, keep if len(keep) < n_active else None)
         active = active[keep]
+        width = beam
     out = []
     for hyps in finished:
         hyps.sort(key=lambda h: -h.score)

@@ -139,3 +139,22 @@ def test_linear_log_softmax_topk_matches_log_softmax_then_topk(vocab, block, k, 
     expected = lprobs.topk(k, -1)
     torch.testing.assert_close(values, expected.values)
     assert torch.equal(columns, expected.indices)
+
+
+def test_first_step_on_one_row_per_sentence_then_fanned_out():
+    """Beam search's first step decodes one row per sentence; reordering fans it out to `beam` rows."""
+    model = _model()
+    src = torch.randint(4, 40, (2, 6))
+    beam = 3
+    prev = torch.randint(4, 40, (2 * beam, 4))
+    prev[:, 0] = 1
+    with torch.no_grad():
+        memory, mask = model.encode(src)
+        wide = model.start_decoding(memory, mask, beam=beam, max_len=6)
+        expected = [model.logits(model.decode_step(prev[:, t], wide)) for t in range(4)]
+        narrow = model.start_decoding(memory, mask, beam=beam, max_len=6)
+        first = model.logits(model.decode_step(prev[::beam, 0], narrow))
+        narrow.reorder(torch.arange(2).repeat_interleave(beam))
+        rest = [model.logits(model.decode_step(prev[:, t], narrow)) for t in range(1, 4)]
+    torch.testing.assert_close(first.repeat_interleave(beam, 0), expected[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.stack(rest), torch.stack(expected[1:]), atol=1e-5, rtol=1e-5)
