@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from nmt_cli import DECODING_KERNEL_CACHE
+from nmt_cli import DECODING_KERNEL_CACHE, ops
 from nmt_cli.model import Transformer, make_config
 from nmt_cli.search import EnsembleModel, beam_search, greedy_search, length_penalty
 from nmt_cli.translate import Translator
@@ -101,9 +101,15 @@ def test_wide_beam_finds_the_exhaustive_optimum(lenpen):
             assert greedy.score <= exp_score + 1e-5
 
 
-def test_ensemble_of_one_model_twice_equals_the_model(toy_model, sources, translator):
+@pytest.mark.parametrize("blocked", [False, True])
+def test_ensemble_of_one_model_twice_equals_the_model(toy_model, sources, translator, blocked, monkeypatch):
+    """The ensemble averages full distributions; one model takes the fused top-k (also in small blocks)."""
+    if blocked:
+        monkeypatch.setattr(ops, "UNBLOCKED_SIZE", 0)
+        monkeypatch.setattr(ops, "VOCAB_BLOCK", 16)
     double = Translator.from_checkpoint([toy_model, toy_model])
     assert double.translate(sources[:20], beam=4) == translator.translate(sources[:20], beam=4)
+    assert double.translate(sources[:20], greedy=True) == translator.translate(sources[:20], greedy=True)
 
 
 def test_translator_sizes_onednn_kernel_cache_unless_user_did(toy_model, monkeypatch):
