@@ -70,6 +70,11 @@ def sinusoidal_positions(length: int, d_model: int) -> Tensor:
     return pe
 
 
+def _fp32_attention_on_cpu(x: Tensor) -> bool:
+    """Whether attention over inputs like x runs in fp32: bf16 (or bf16 autocast) on CPU, see `attend`."""
+    return x.device.type == "cpu" and (x.dtype == torch.bfloat16 or torch.is_autocast_enabled("cpu"))
+
+
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..h) W^O (section 3.2.2), via scaled_dot_product_attention."""
 
@@ -87,6 +92,13 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self.in_proj(x).chunk(3, dim=-1)
         return self._split(q), self._split(k), self._split(v)
 
+    def project_q_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Self-attention queries (B, h, L, dk), and keys and values still stacked as in_proj makes them,
+        (B, L, 2d), the layout `KVCache.append` stores."""
+        d = self.heads * self.dk
+        qkv = self.in_proj(x)
+        return self._split(qkv[..., :d]), qkv[..., d:]
+
     def project_q(self, x: Tensor) -> Tensor:
         d = self.heads * self.dk
         return self._split(F.linear(x, self.in_proj.weight[:d], self.in_proj.bias[:d]))
@@ -100,7 +112,7 @@ class MultiHeadAttention(nn.Module):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
         """Attention(Q, K, V) = softmax(QK^T / sqrt(dk)) V (eq. 1), heads merged and projected. (B, Lq, d)."""
         p = self.dropout if self.training else 0.0
-        if q.device.type == "cpu" and (q.dtype == torch.bfloat16 or torch.is_autocast_enabled("cpu")):
+        if _fp32_attention_on_cpu(q):
             # PyTorch's CPU attention kernels are several times slower in bf16 than in fp32 (forward and
             # backward); the attention itself is cheap next to the projections, so run it in fp32.
             with torch.autocast("cpu", enabled=False):
@@ -152,7 +164,7 @@ class EncoderLayer(nn.Module):
 def attention_dtype(x: Tensor) -> torch.dtype:
     """The dtype `MultiHeadAttention.attend` computes in for inputs like x (fp32 for bf16 on CPU)."""
     device = x.device.type
-    if device == "cpu" and (x.dtype == torch.bfloat16 or torch.is_autocast_enabled("cpu")):
+    if _fp32_attention_on_cpu(x):
         return torch.float32
     if device != "cpu" and torch.is_autocast_enabled(device):
         return torch.get_autocast_dtype(device)
@@ -217,11 +229,8 @@ class DecoderLayer(nn.Module):
         def self_attention(y: Tensor) -> Tensor:
             if cache is None:
                 return self.self_attn.attend(*self.self_attn.project_qkv(y), causal=True)
-            attn = self.self_attn
-            d = attn.heads * attn.dk
-            qkv = attn.in_proj(y)  # (N, 1, 3d)
-            k, v = cache.append(layer, qkv[..., d:])
-            return attn.attend(attn._split(qkv[..., :d]), k, v)
+            q, kv = self.self_attn.project_q_kv(y)
+            return self.self_attn.attend(q, *cache.append(layer, kv))
 
         def cross_attention(y: Tensor) -> Tensor:
             k, v = memory_kv

@@ -30,6 +30,16 @@ def run_cli(*args: str, input: str | bytes | None = None):
     return CliRunner().invoke(app, [str(a) for a in args], input=input, catch_exceptions=False)
 
 
+def expect_error(result, *fragments: str) -> None:
+    """A command failed as bad input must: exit code 2, one line on stderr holding every fragment, no traceback."""
+    assert result.exit_code == 2, result.output
+    message = result.stderr.strip()
+    assert len(message.splitlines()) == 1, message
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in message, message
+
+
 def write_task(prefix: Path, n: int, seed: int) -> None:
     """A toy translation task: each source word w<i> maps to target word v<i>, order kept."""
     rng = random.Random(seed)

@@ -7,16 +7,7 @@ import json
 import pytest
 import torch
 
-from .conftest import run_cli, write_task
-
-
-def expect_error(result, *fragments: str) -> None:
-    assert result.exit_code == 2, result.output
-    message = result.stderr.strip()
-    assert len(message.splitlines()) == 1, message
-    assert "Traceback" not in result.output
-    for fragment in fragments:
-        assert fragment in message, message
+from .conftest import expect_error, run_cli, write_task
 
 
 @pytest.fixture()

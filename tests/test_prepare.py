@@ -11,7 +11,7 @@ import pytest
 from nmt_cli.data import DataDir
 from nmt_cli.prepare import PrepareOptions, prepare
 
-from .conftest import run_cli, shared_data, write_task
+from .conftest import expect_error, run_cli, shared_data, write_task
 
 
 @pytest.fixture(scope="module")
@@ -79,15 +79,6 @@ def test_filter_counts_match_meta(tmp_path):
     assert on_disk["vocab_size"] == len(DataDir.open(tmp_path / "d").vocab)
 
 
-def _expect_error(result, *fragments: str) -> None:
-    assert result.exit_code == 2, result.output
-    message = result.stderr.strip()
-    assert len(message.splitlines()) == 1, message
-    assert "Traceback" not in result.output
-    for fragment in fragments:
-        assert fragment in message, message
-
-
 def _cli_prepare(root: Path, out: Path, *extra: str):
     return run_cli("prepare", "-s", "en", "-t", "de", "--train", root / "train", "--valid", root / "val",
                    "--out", out, "--bpe-merges", "20", "--quiet", *extra)
@@ -99,28 +90,28 @@ def test_bad_inputs_give_one_line_errors(tmp_path):
     write_task(raw / "val", 5, seed=2)
     out = tmp_path / "out"
 
-    _expect_error(run_cli("prepare", "-s", "en", "-t", "de", "--train", raw / "nope", "--valid", raw / "val",
+    expect_error(run_cli("prepare", "-s", "en", "-t", "de", "--train", raw / "nope", "--valid", raw / "val",
                           "--out", out), "nope.en", "no such file")
-    _expect_error(_cli_prepare(raw, out, "--bpe-merges", "0"), "--bpe-merges")
+    expect_error(_cli_prepare(raw, out, "--bpe-merges", "0"), "--bpe-merges")
 
     (raw / "val.de").write_text("eins\nzwei\n")
-    _expect_error(_cli_prepare(raw, out), "val.en has 5 lines", "val.de has 2")
+    expect_error(_cli_prepare(raw, out), "val.en has 5 lines", "val.de has 2")
     write_task(raw / "val", 5, seed=2)
 
     data = (raw / "train.de").read_bytes().split(b"\n")
     data[6] = b"caf\xe9 au lait"
     (raw / "train.de").write_bytes(b"\n".join(data))
-    _expect_error(_cli_prepare(raw, out), "train.de:7", "UTF-8")
+    expect_error(_cli_prepare(raw, out), "train.de:7", "UTF-8")
     write_task(raw / "train", 30, seed=1)
 
     (raw / "train.en").write_text("\n" * 30)
-    _expect_error(_cli_prepare(raw, out), "empty corpus")
+    expect_error(_cli_prepare(raw, out), "empty corpus")
     write_task(raw / "train", 30, seed=1)
     assert not out.exists()
 
     assert _cli_prepare(raw, out).exit_code == 0
     assert (out / "meta.json").exists()
-    _expect_error(_cli_prepare(raw, out), "already exists", "--force")
+    expect_error(_cli_prepare(raw, out), "already exists", "--force")
     assert _cli_prepare(raw, out, "--force").exit_code == 0
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]  # no staging dirs left behind
 
@@ -136,7 +127,7 @@ def test_gzip_inputs_and_data_dir_without_meta_refused(tmp_path):
         path.unlink()
     assert _cli_prepare(raw, tmp_path / "d").exit_code == 0
     (tmp_path / "d" / "meta.json").unlink()
-    _expect_error(run_cli("train", tmp_path / "d", "--save-dir", tmp_path / "ck", "--arch", "tiny"), "meta.json")
+    expect_error(run_cli("train", tmp_path / "d", "--save-dir", tmp_path / "ck", "--arch", "tiny"), "meta.json")
 
 
 def test_subcommands_pipeline(tmp_path):

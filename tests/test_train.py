@@ -15,7 +15,7 @@ from nmt_cli.checkpoint import load_checkpoint
 from nmt_cli.train import TrainOptions, train
 from nmt_cli.translate import Translator
 
-from .conftest import run_cli
+from .conftest import expect_error, run_cli
 
 
 def _opts(data: Path, save: Path, **kw) -> TrainOptions:
@@ -92,30 +92,23 @@ def test_bf16_trains(toy_data, tmp_path):
     assert losses[-1] < losses[0]
 
 
-def _expect_error(result, *fragments: str) -> None:
-    assert result.exit_code == 2, result.output
-    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-    for fragment in fragments:
-        assert fragment in result.stderr, result.stderr
-
-
 def test_bad_training_input(toy_data, tmp_path):
     save = tmp_path / "ck"
     args = ["train", toy_data, "--save-dir", save, "--arch", "tiny", "--max-updates", "2", "--quiet",
             "--warmup", "10", "--device", "cpu"]
-    _expect_error(run_cli(*args, "--precision", "fp16"), "fp16", "CUDA")
+    expect_error(run_cli(*args, "--precision", "fp16"), "fp16", "CUDA")
     if not torch.cuda.is_available():
-        _expect_error(run_cli(*args[:-2], "--device", "cuda"), "--device cuda", "no CUDA")
-    _expect_error(run_cli("train", tmp_path / "missing", "--save-dir", save), "no such data directory")
+        expect_error(run_cli(*args[:-2], "--device", "cuda"), "--device cuda", "no CUDA")
+    expect_error(run_cli("train", tmp_path / "missing", "--save-dir", save), "no such data directory")
     assert run_cli(*args).exit_code == 0
-    _expect_error(run_cli(*args, "--d-model", "32"), "architecture differs", "d_model 64 vs 32")
+    expect_error(run_cli(*args, "--d-model", "32"), "architecture differs", "d_model 64 vs 32")
     state = torch.load(save / "checkpoint_last.pt", weights_only=True)
     state["vocab"] = state["vocab"][:-1] + ["zzz"]
     torch.save(state, save / "checkpoint_last.pt")
-    _expect_error(run_cli(*args), "vocabulary differs")
+    expect_error(run_cli(*args), "vocabulary differs")
     blob = (save / "checkpoint_2.pt").read_bytes()
     (save / "checkpoint_last.pt").write_bytes(blob[: len(blob) // 2])
-    _expect_error(run_cli(*args), "checkpoint_last.pt", "corrupt or truncated")
+    expect_error(run_cli(*args), "checkpoint_last.pt", "corrupt or truncated")
 
 
 @pytest.mark.parametrize("keep_last", [2])

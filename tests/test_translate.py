@@ -17,7 +17,7 @@ from nmt_cli.model import Transformer, make_config
 from nmt_cli.search import EnsembleModel, beam_search, greedy_search, length_penalty
 from nmt_cli.translate import Translator
 
-from .conftest import run_cli
+from .conftest import expect_error, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -164,27 +164,20 @@ def test_streaming_stdin_answers_before_input_ends(toy_model):
         proc.kill()
 
 
-def _expect_error(result, *fragments):
-    assert result.exit_code == 2, result.output
-    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-    for fragment in fragments:
-        assert fragment in result.stderr, result.stderr
-
-
 def test_bad_translate_input(toy_model, tmp_path):
-    _expect_error(run_cli("translate", "-m", tmp_path / "none.pt", "-i", toy_model), "none.pt", "no such checkpoint")
+    expect_error(run_cli("translate", "-m", tmp_path / "none.pt", "-i", toy_model), "none.pt", "no such checkpoint")
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"not a checkpoint at all")
-    _expect_error(run_cli("translate", "-m", junk), "junk.pt", "corrupt or truncated")
+    expect_error(run_cli("translate", "-m", junk), "junk.pt", "corrupt or truncated")
     foreign = tmp_path / "foreign.pt"
     torch.save({"weights": torch.zeros(3)}, foreign)
-    _expect_error(run_cli("translate", "-m", foreign), "not an nmt checkpoint")
+    expect_error(run_cli("translate", "-m", foreign), "not an nmt checkpoint")
     bad = tmp_path / "bad.en"
     bad.write_bytes(b"W1 w2.\nW3 \xff w4.\n")
-    _expect_error(run_cli("translate", "-m", toy_model, "-i", bad), "bad.en:2", "UTF-8")
-    _expect_error(run_cli("translate", "-m", toy_model, "-i", bad, "--precision", "fp16"), "fp16")
+    expect_error(run_cli("translate", "-m", toy_model, "-i", bad), "bad.en:2", "UTF-8")
+    expect_error(run_cli("translate", "-m", toy_model, "-i", bad, "--precision", "fp16"), "fp16")
     if not torch.cuda.is_available():
-        _expect_error(run_cli("translate", "-m", toy_model, "--device", "cuda"), "no CUDA")
+        expect_error(run_cli("translate", "-m", toy_model, "--device", "cuda"), "no CUDA")
     out = tmp_path / "never.de"
     run_cli("translate", "-m", toy_model, "-i", bad, "-o", out)
     assert not out.exists()
