@@ -16,7 +16,7 @@ test: install
 	$(BIN)/python -m pytest -q
 
 lint: install
-	$(BIN)/ruff check nmt_cli tests benchmarks
+	$(BIN)/ruff check nmt_cli tests benchmarks recipes
 
 bench: install
 	$(BIN)/python benchmarks/run_all.py

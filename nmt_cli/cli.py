@@ -62,13 +62,17 @@ def prepare_cmd(
     max_ratio: Annotated[float, typer.Option(help="Drop training pairs whose length ratio exceeds this.")] = 1.5,
     vocab_threshold: Annotated[int, typer.Option(help="Keep BPE pieces seen at least this often.")] = 1,
     force: Annotated[bool, typer.Option(help="Overwrite an existing --out.")] = False,
+    normalize_punctuation: Annotated[bool, typer.Option(
+        help="Normalize punctuation (Moses) and remove non-printing characters before tokenizing, as fairseq's "
+             "WMT14 script does; stored with the model, so translate does the same.")] = False,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
 ) -> None:
     """Moses-tokenize, learn and apply joint BPE, build a shared vocabulary and binarize: raw text in, data dir out."""
     from .prepare import PrepareOptions, prepare
 
     meta = prepare(PrepareOptions(source_lang, target_lang, train, valid, out, test or [], bpe_merges,
-                                  workers or (os.cpu_count() or 1), max_len, max_ratio, vocab_threshold, force, quiet))
+                                  workers or (os.cpu_count() or 1), max_len, max_ratio, vocab_threshold, force, quiet,
+                                  normalize_punctuation))
     if not quiet:
         err.print(f"wrote {out}: vocabulary {meta['vocab_size']:,}, "
                   + ", ".join(f"{k} {v['sentences']:,}" for k, v in meta["splits"].items()) + " sentences")
@@ -149,24 +153,14 @@ def binarize_cmd(
     force: Annotated[bool, typer.Option()] = False,
 ) -> None:
     """Build a trainable data dir from your own tokenized + BPE text (vocabulary from train, meta.json last)."""
-    from . import text
-    from .prepare import read_parallel, write_data_dir
-    from .textio import file_sha256
+    from .prepare import PrepareOptions, binarize_segmented
 
-    if out.exists() and not force:
-        raise NmtError(f"{out}: already exists (use --force to overwrite)")
-    splits = {"train": train, "valid": valid}
-    splits.update({("test" if i == 0 else f"test{i}"): p for i, p in enumerate(test or [])})
-    segmented, raw, inputs = {}, {}, {}
-    for name, prefix in splits.items():
-        src, tgt, sp, tp = read_parallel(prefix, source_lang, target_lang)
-        segmented[name] = (src, tgt)
-        raw[name] = ([text.detokenize(text.remove_bpe(x), source_lang) for x in src],
-                     [text.detokenize(text.remove_bpe(x), target_lang) for x in tgt])
-        inputs[name] = {str(sp): file_sha256(sp), str(tp): file_sha256(tp)}
+    if codes is not None and not codes.is_file():
+        raise NmtError(f"{codes}: no such file")
     code_text = codes.read_text(encoding="utf-8") if codes else ""
-    write_data_dir(out, segmented, raw, code_text, source_lang, target_lang, max_len, max_ratio, vocab_threshold,
-                   inputs, extra_meta={"tokenizer": {"name": "moses", "escape": False, "aggressive_dash_splits": True}})
+    binarize_segmented(PrepareOptions(source_lang, target_lang, train, valid, out, test or [], max_len=max_len,
+                                      max_ratio=max_ratio, vocab_threshold=vocab_threshold, force=force,
+                                      quiet=True, workers=os.cpu_count() or 1), code_text)
 
 
 # ----------------------------------------------------------------------------- train

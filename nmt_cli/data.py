@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
 
 from .errors import NmtError
-from .textio import atomic_path
 from .vocab import Vocabulary
+
+T = TypeVar("T")
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -20,18 +24,30 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.int32)
 
 
-def write_binarized(prefix: str | Path, sentences: Sequence[Sequence[int]], vocab_size: int) -> None:
-    """Write `prefix.bin` (all ids, flat) and `prefix.idx` (int64 offsets, n + 1 of them), atomically."""
-    lengths = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=len(sentences))
-    offsets = np.zeros(len(sentences) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    flat = np.fromiter((i for s in sentences for i in s), dtype=token_dtype(vocab_size), count=int(offsets[-1]))
-    prefix = Path(prefix)
-    for suffix, array in ((".bin", flat), (".idx", offsets)):
-        with atomic_path(prefix.with_name(prefix.name + suffix)) as tmp:
-            with open(tmp, "wb") as f:
-                f.write(array.tobytes())
-        # dtype of .bin is recorded in meta.json; .idx is always int64
+class BinarizedWriter:
+    """Streams one split and side to `prefix.bin` (all ids, flat) and `prefix.idx` (int64 offsets, n + 1)."""
+
+    def __init__(self, prefix: str | Path, dtype: np.dtype) -> None:
+        prefix = Path(prefix)
+        self.bin_path, self.idx_path = prefix.with_name(prefix.name + ".bin"), prefix.with_name(prefix.name + ".idx")
+        self.dtype, self.file = dtype, open(self.bin_path, "wb")
+        self.lengths: list[np.ndarray] = []
+        self.sentences = self.tokens = 0
+
+    def add(self, flat: np.ndarray, lengths: np.ndarray) -> None:
+        """Append sentences given as their concatenated ids and their lengths."""
+        self.file.write(np.ascontiguousarray(flat, dtype=self.dtype).tobytes())
+        self.lengths.append(np.asarray(lengths, dtype=np.int64))
+        self.sentences += len(lengths)
+        self.tokens += int(len(flat))
+
+    def close(self) -> None:
+        """Finish the .bin file and write the .idx offsets."""
+        self.file.close()
+        offsets = np.zeros(self.sentences + 1, dtype=np.int64)
+        if self.lengths:
+            np.cumsum(np.concatenate(self.lengths), out=offsets[1:])
+        offsets.tofile(self.idx_path)
 
 
 class IndexedDataset:
@@ -144,15 +160,28 @@ def shuffled(batches: list[np.ndarray], seed: int, epoch: int) -> list[np.ndarra
 
 @dataclass
 class Batch:
-    """Padded tensors for one batch. Shapes: src (B, S); prev_output and target (B, T)."""
+    """Padded tensors for one batch. Shapes: src (B, S); prev_output (B, T); target_index and target (n,).
+
+    `target_index` lists the flat positions (into B x T) of the real target tokens and `target` their ids,
+    both computed on the host, so the loss gathers them without a device-to-host sync (a boolean mask would
+    need one to learn its size).
+    """
 
     src: torch.Tensor
     prev_output: torch.Tensor
+    target_index: torch.Tensor
     target: torch.Tensor
     ntokens: int  # target tokens, </s> included, padding excluded
 
-    def to(self, device: torch.device) -> Batch:
-        return Batch(self.src.to(device), self.prev_output.to(device), self.target.to(device), self.ntokens)
+    def pin_memory(self) -> Batch:
+        """Page-locked copies, so that `to(cuda, non_blocking=True)` overlaps with compute."""
+        return Batch(self.src.pin_memory(), self.prev_output.pin_memory(), self.target_index.pin_memory(),
+                     self.target.pin_memory(), self.ntokens)
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> Batch:
+        return Batch(*(t.to(device, non_blocking=non_blocking) for t in (self.src, self.prev_output,
+                                                                         self.target_index, self.target)),
+                     self.ntokens)
 
 
 def collate(corpus: ParallelCorpus, indices: np.ndarray, vocab: Vocabulary) -> Batch:
@@ -170,6 +199,46 @@ def collate(corpus: ParallelCorpus, indices: np.ndarray, vocab: Vocabulary) -> B
         prev[b, 1 : len(t) + 1] = t
         target[b, : len(t)] = t
         target[b, len(t)] = vocab.eos
-    ntokens = int(sum(len(t) + 1 for t in tgts))
-    src, prev, target = torch.from_numpy(src), torch.from_numpy(prev), torch.from_numpy(target)
-    return Batch(src, prev, target, ntokens)
+    flat = target.reshape(-1)
+    index = np.flatnonzero(flat != vocab.pad)
+    return Batch(torch.from_numpy(src), torch.from_numpy(prev), torch.from_numpy(index),
+                 torch.from_numpy(flat[index]), len(index))
+
+
+def prefetch(make: Callable[[T], Batch | list[Batch]], items: Iterable[T], pin: bool) -> Iterator[Batch | list[Batch]]:
+    """make(item) for each item, computed one item ahead on a background thread (pinned when `pin`), so that
+    collating the next batch overlaps with the current update; numpy and pinning release the GIL."""
+    out: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+    end = object()
+
+    def work() -> None:
+        try:
+            for item in items:
+                made = make(item)
+                if pin:
+                    made = [b.pin_memory() for b in made] if isinstance(made, list) else made.pin_memory()
+                while not stop.is_set():
+                    try:
+                        out.put(made, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            out.put(end)
+        except BaseException as e:  # handed to the consumer, which raises it
+            out.put(e)
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    try:
+        while True:
+            made = out.get()
+            if made is end:
+                return
+            if isinstance(made, BaseException):
+                raise made
+            yield made
+    finally:
+        stop.set()

@@ -57,12 +57,11 @@ def init_distributed(device: torch.device) -> DistContext:
     return ctx
 
 
-def all_reduce_sum(values: list[float], ctx: DistContext, device: torch.device) -> list[float]:
-    """Sum a few numbers over all processes (float64)."""
-    if not ctx.enabled:
-        return values
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t)
+def all_reduce_sum(values: list[float] | torch.Tensor, ctx: DistContext, device: torch.device) -> list[float]:
+    """Sum a few numbers (a list, or a float64 tensor on `device`) over all processes; read them on the host."""
+    t = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.float64, device=device)
+    if ctx.enabled:
+        dist.all_reduce(t)
     return t.tolist()
 
 

@@ -1,28 +1,39 @@
-"""`nmt prepare`: raw parallel text -> tokenized, BPE-segmented, binarized data directory."""
+"""`nmt prepare`: raw parallel text -> normalized, tokenized, BPE-segmented, binarized data directory.
+
+Everything streams: each stage reads its input in fixed chunks of lines, runs them on worker processes in
+order, and writes its output to files in the staging directory, so memory does not grow with the corpus
+(the largest things held are the word counts for BPE learning and each worker's segmentation cache).
+Stages: normalize + tokenize (counting training words) -> learn BPE -> apply BPE (filtering training pairs,
+counting pieces) -> vocabulary -> binarize.
+"""
 
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import platform
+import resource
 import shutil
 import tempfile
+import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
+from itertools import islice
 from pathlib import Path
 
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from . import text
-from .data import token_dtype, write_binarized
+from .data import BinarizedWriter, token_dtype
 from .errors import NmtError
-from .textio import apply_default_mode, file_sha256, read_lines, write_lines
+from .textio import apply_default_mode, file_sha256, iter_lines
 from .vocab import Vocabulary
+from .workers import ordered_map
 
 CHUNK = 2000  # lines per work unit; fixed so that output never depends on the worker count
+MAX_POSITIONS = 1024  # the model's positions (ModelConfig.max_positions): a sentence plus </s> must fit
 
 
 @dataclass
@@ -42,6 +53,7 @@ class PrepareOptions:
     vocab_threshold: int = 1
     force: bool = False
     quiet: bool = False
+    normalize: bool = False  # Moses punctuation normalization + removal of non-printing characters
 
 
 def resolve_side(prefix: str, lang: str) -> Path:
@@ -55,66 +67,20 @@ def resolve_side(prefix: str, lang: str) -> Path:
     raise NmtError(f"{plain}: no such file (nor {gz.name})")
 
 
-def read_parallel(prefix: str, src_lang: str, tgt_lang: str) -> tuple[list[str], list[str], Path, Path]:
-    """Both sides of a corpus, checked for equal line counts and non-emptiness."""
-    src_path, tgt_path = resolve_side(prefix, src_lang), resolve_side(prefix, tgt_lang)
-    src, tgt = read_lines(src_path), read_lines(tgt_path)
-    if len(src) != len(tgt):
-        raise NmtError(f"line counts differ: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}")
-    if not any(s.strip() for s in src) or not any(t.strip() for t in tgt):
-        raise NmtError(f"empty corpus: {src_path if not any(s.strip() for s in src) else tgt_path} has no text")
-    return src, tgt, src_path, tgt_path
-
-
-# Worker-side state: set once per process by the pool initializer.
-_worker_bpe: text.BpeApplier | None = None
-
-
-def _init_worker(codes: str | None) -> None:
-    global _worker_bpe
-    _worker_bpe = text.BpeApplier(codes) if codes is not None else None
-
-
-def _tokenize_chunk(job: tuple[str, list[str]]) -> list[str]:
-    lang, lines = job
-    return [text.tokenize(line, lang) if line.strip() else "" for line in lines]
-
-
-def _bpe_chunk(lines: list[str]) -> list[str]:
-    assert _worker_bpe is not None
-    return [_worker_bpe(line) for line in lines]
-
-
-def _parallel_map(fn: Callable, jobs: list, workers: int, codes: str | None, advance: Callable[[int], None]) -> list:
-    """Map `fn` over jobs in order (chunked), on `workers` processes; results concatenated."""
-    out: list = []
-    if workers <= 1 or len(jobs) <= 1:
-        _init_worker(codes)
-        for job in jobs:
-            result = fn(job)
-            out.extend(result)
-            advance(len(result))
-        return out
-    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
-    with ctx.Pool(workers, initializer=_init_worker, initargs=(codes,)) as pool:
-        for result in pool.imap(fn, jobs):
-            out.extend(result)
-            advance(len(result))
-    return out
-
-
-def _chunks(lines: list[str]) -> list[list[str]]:
-    return [lines[i : i + CHUNK] for i in range(0, len(lines), CHUNK)]
-
-
-def _regroup(flat: list[str], like: dict[str, tuple[list[str], list[str]]]) -> dict[str, tuple[list[str], list[str]]]:
-    """Split lines processed as one list (split by split, source then target) back into (source, target) pairs."""
-    out, pos = {}, 0
-    for name, (src, _) in like.items():
-        n = len(src)
-        out[name] = (flat[pos : pos + n], flat[pos + n : pos + 2 * n])
-        pos += 2 * n
-    return out
+def pair_chunks(src_path: Path, tgt_path: Path, size: int = CHUNK) -> Iterator[tuple[list[str], list[str]]]:
+    """Aligned chunks of `size` lines of two files; NmtError when their line counts differ."""
+    src_lines, tgt_lines = iter_lines(src_path), iter_lines(tgt_path)
+    done = 0
+    while True:
+        src, tgt = list(islice(src_lines, size)), list(islice(tgt_lines, size))
+        if len(src) != len(tgt):
+            n_src = done + len(src) + sum(1 for _ in src_lines)
+            n_tgt = done + len(tgt) + sum(1 for _ in tgt_lines)
+            raise NmtError(f"line counts differ: {src_path} has {n_src} lines, {tgt_path} has {n_tgt}")
+        if not src:
+            return
+        done += len(src)
+        yield src, tgt
 
 
 def filter_pairs(src: list[str], tgt: list[str], max_len: int, max_ratio: float) -> tuple[list[int], dict[str, int]]:
@@ -134,6 +100,112 @@ def filter_pairs(src: list[str], tgt: list[str], max_len: int, max_ratio: float)
     return kept, dropped
 
 
+# ------------------------------------------------------------------ worker side (state set once per process)
+_worker: dict = {}
+
+
+def _init_worker(state: dict) -> None:
+    _worker.clear()
+    _worker.update(state)
+    if state.get("codes") is not None:
+        _worker["bpe"] = text.BpeApplier(state["codes"])
+    if state.get("symbols") is not None:
+        _worker["vocab"] = Vocabulary(state["symbols"])
+
+
+def _preprocess(line: str, lang: str) -> str:
+    if _worker["normalize"]:
+        line = text.normalize_punctuation(line, lang)
+    return text.tokenize(line, lang) if line.strip() else ""
+
+
+def _tokenize_job(job: tuple[list[str], list[str], bool]) -> tuple[list[str], list[str], Counter | None]:
+    """Normalize and tokenize a chunk of pairs; count its words when it is training data."""
+    src, tgt, count = job
+    src_tok = [_preprocess(line, _worker["src_lang"]) for line in src]
+    tgt_tok = [_preprocess(line, _worker["tgt_lang"]) for line in tgt]
+    counts = Counter(w for lines in (src_tok, tgt_tok) for line in lines for w in line.split()) if count else None
+    return src_tok, tgt_tok, counts
+
+
+def _segment_job(job: tuple[list[str], list[str], bool]) -> tuple[list[str], list[str], dict | None, Counter | None]:
+    """Apply BPE to a chunk of pairs; training chunks are filtered and their pieces counted."""
+    src, tgt, is_train = job
+    bpe = _worker.get("bpe")
+    if bpe is not None:
+        src, tgt = [bpe(line) for line in src], [bpe(line) for line in tgt]
+    if not is_train:
+        return src, tgt, None, None
+    kept, dropped = filter_pairs(src, tgt, _worker["max_len"], _worker["max_ratio"])
+    src, tgt = [src[i] for i in kept], [tgt[i] for i in kept]
+    pieces = Counter(p for lines in (src, tgt) for line in lines for p in line.split())
+    return src, tgt, dropped, pieces
+
+
+def _binarize_job(job: tuple[list[str], list[str], int | None]):
+    """Token ids of a chunk of pairs (flat arrays and lengths per side); pairs over `limit` pieces are dropped."""
+    import numpy as np
+
+    src, tgt, limit = job
+    vocab: Vocabulary = _worker["vocab"]
+    src_ids, tgt_ids = [vocab.encode(line) for line in src], [vocab.encode(line) for line in tgt]
+    dropped = 0
+    if limit is not None:
+        keep = [i for i in range(len(src_ids)) if len(src_ids[i]) <= limit and len(tgt_ids[i]) <= limit]
+        dropped = len(src_ids) - len(keep)
+        src_ids, tgt_ids = [src_ids[i] for i in keep], [tgt_ids[i] for i in keep]
+    dtype = token_dtype(len(vocab))
+    out = []
+    for ids in (src_ids, tgt_ids):
+        lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+        flat = np.fromiter((i for x in ids for i in x), dtype=dtype, count=int(lengths.sum()))
+        out.append((flat, lengths, int((flat == vocab.unk).sum())))
+    return out, dropped
+
+
+# ------------------------------------------------------------------ main side
+class _Stages:
+    """Timing, lines and peak memory of each stage, with a progress bar per stage."""
+
+    def __init__(self, quiet: bool, on_stage: Callable[[dict], None] | None) -> None:
+        self.progress = Progress(TextColumn("{task.description:<18}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[unit]}"), TimeElapsedColumn(), disable=quiet)
+        self.on_stage, self.records = on_stage, []
+        self.task, self.start, self.name = None, 0.0, ""
+
+    def begin(self, name: str, total: int | None, unit: str = "lines") -> None:
+        self.name, self.start = name, time.perf_counter()
+        self.task = self.progress.add_task(name, total=total, unit=unit)
+
+    def advance(self, n: int) -> None:
+        self.progress.advance(self.task, n)
+
+    def end(self, done: int) -> None:
+        self.progress.update(self.task, completed=done, total=done)
+        usage = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                    resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+        record = {"stage": self.name, "seconds": time.perf_counter() - self.start, "lines": done,
+                  "peak_rss_mb": usage / 1024}
+        self.records.append(record)
+        if self.on_stage:
+            self.on_stage(record)
+
+
+class _Writer:
+    """Text lines to a file in the staging directory."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = open(path, "w", encoding="utf-8", newline="\n")
+
+    def write(self, lines: list[str]) -> None:
+        if lines:
+            self.file.write("\n".join(lines))
+            self.file.write("\n")
+
+    def close(self) -> None:
+        self.file.close()
+
+
 def package_versions() -> dict[str, str]:
     """Versions of the packages that shape the output."""
     versions = {"python": platform.python_version()}
@@ -145,120 +217,233 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
-def prepare(opts: PrepareOptions) -> dict:
-    """Run the whole pipeline into `opts.out`; return the meta.json contents.
-
-    The directory is built under a temporary name beside `opts.out` and renamed at the end,
-    with meta.json written last, so an interrupted run never leaves a directory that looks complete.
-    """
+def _check_options(opts: PrepareOptions) -> Path:
     if opts.bpe_merges < 1:
         raise NmtError(f"--bpe-merges must be at least 1 (got {opts.bpe_merges})")
-    if opts.max_len < 1:
-        raise NmtError(f"--max-len must be at least 1 (got {opts.max_len})")
+    if not 1 <= opts.max_len <= MAX_POSITIONS - 1:
+        raise NmtError(f"--max-len must be between 1 and {MAX_POSITIONS - 1} (got {opts.max_len})")
+    if opts.max_ratio < 1:
+        raise NmtError(f"--max-ratio must be at least 1 (got {opts.max_ratio})")
+    if opts.source_lang == opts.target_lang:
+        raise NmtError(f"source and target language are both {opts.source_lang!r}")
     out = Path(opts.out)
     if out.exists() and not opts.force:
         raise NmtError(f"{out}: already exists (use --force to overwrite)")
-    src_lang, tgt_lang = opts.source_lang, opts.target_lang
-    if src_lang == tgt_lang:
-        raise NmtError(f"source and target language are both {src_lang!r}")
+    return out
 
+
+def _split_inputs(opts: PrepareOptions) -> dict[str, tuple[Path, Path]]:
     splits = {"train": opts.train, "valid": opts.valid}
     for i, prefix in enumerate(opts.test):
         splits["test" if i == 0 else f"test{i}"] = prefix
-    raw: dict[str, tuple[list[str], list[str]]] = {}
-    inputs: dict[str, dict[str, str]] = {}
-    for name, prefix in splits.items():
-        src, tgt, src_path, tgt_path = read_parallel(prefix, src_lang, tgt_lang)
-        raw[name] = (src, tgt)
-        inputs[name] = {str(src_path): file_sha256(src_path), str(tgt_path): file_sha256(tgt_path)}
-
-    total_lines = sum(2 * len(s) for s, _ in raw.values())
-    workers = max(1, opts.workers)
-    with Progress(
-        TextColumn("{task.description:<10}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} lines"),
-        TimeElapsedColumn(), disable=opts.quiet, transient=False,
-    ) as progress:
-        task = progress.add_task("tokenize", total=total_lines)
-        jobs = [(lang, chunk) for name in splits for lang, side in zip((src_lang, tgt_lang), raw[name])
-                for chunk in _chunks(side)]
-        flat = _parallel_map(_tokenize_chunk, jobs, workers, None, lambda n: progress.advance(task, n))
-        tokenized = _regroup(flat, raw)
-
-        progress.update(task, description="learn BPE", completed=0, total=opts.bpe_merges)
-        counts = Counter(w for side in tokenized["train"] for line in side for w in line.split())
-        codes = text.learn_bpe(counts, opts.bpe_merges)
-        progress.update(task, completed=opts.bpe_merges)
-
-        progress.update(task, description="apply BPE", completed=0, total=total_lines)
-        jobs = [chunk for name in splits for side in tokenized[name] for chunk in _chunks(side)]
-        flat = _parallel_map(_bpe_chunk, jobs, workers, codes, lambda n: progress.advance(task, n))
-        segmented = _regroup(flat, raw)
-
-        meta = write_data_dir(out, segmented, raw, codes, src_lang, tgt_lang, opts.max_len, opts.max_ratio,
-                              opts.vocab_threshold, inputs, lambda n: progress.advance(task, n),
-                              lambda: progress.update(task, description="binarize", completed=0, total=total_lines),
-                              {"bpe_merges": opts.bpe_merges,
-                               "tokenizer": {"name": "moses", "escape": False, "aggressive_dash_splits": True}})
-    return meta
+    return {name: (resolve_side(p, opts.source_lang), resolve_side(p, opts.target_lang)) for name, p in splits.items()}
 
 
-def write_data_dir(out: Path, segmented: dict[str, tuple[list[str], list[str]]],
-                   raw: dict[str, tuple[list[str], list[str]]], codes: str, src_lang: str, tgt_lang: str,
-                   max_len: int, max_ratio: float, vocab_threshold: int, inputs: dict,
-                   advance: Callable[[int], None] = lambda n: None, on_binarize: Callable[[], None] = lambda: None,
-                   extra_meta: dict | None = None) -> dict:
-    """Filter training pairs, build the vocabulary, binarize every split and write `out` (meta.json last).
+def prepare(opts: PrepareOptions, on_stage: Callable[[dict], None] | None = None) -> dict:
+    """Run the whole pipeline into `opts.out`; return the meta.json contents.
 
-    `segmented` holds BPE text per split and side; `raw` the original text (valid/test references).
-    The directory is staged under a temporary name and renamed into place at the end.
+    The directory is built under a temporary name beside `opts.out` and renamed at the end, with meta.json
+    written last, so an interrupted run never leaves a directory that looks complete. `on_stage` receives
+    each stage's record (name, seconds, lines, peak RSS in MB) as it ends.
     """
-    segmented = dict(segmented)
-    train_src, train_tgt = segmented["train"]
-    kept, dropped = filter_pairs(train_src, train_tgt, max_len, max_ratio)
-    if not kept:
-        raise NmtError(f"empty corpus: every training pair was filtered out ({dropped})")
-    segmented["train"] = ([train_src[i] for i in kept], [train_tgt[i] for i in kept])
-    vocab = Vocabulary.build((line for side in segmented["train"] for line in side), vocab_threshold)
-    on_binarize()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
-        (staging / "bpe.codes").write_text(codes, encoding="utf-8")
-        vocab.save(staging / "vocab.txt")
-        split_meta = {}
-        for name in segmented:
-            sides = {}
-            for k, (lang, lines) in enumerate(zip((src_lang, tgt_lang), segmented[name])):
-                ids = [vocab.encode(line) for line in lines]
-                write_binarized(staging / f"{name}.{lang}", ids, len(vocab))
-                sides[lang] = {"tokens": sum(len(x) for x in ids), "unk": sum(x.count(vocab.unk) for x in ids)}
-                if name != "train":
-                    write_lines(staging / f"{name}.bpe.{lang}", lines)
-                    write_lines(staging / f"{name}.raw.{lang}", raw[name][k])
-                advance(len(lines))
-            split_meta[name] = {"sentences": len(segmented[name][0]), **sides}
-        split_meta["train"]["filtered"] = {
-            "input_sentences": len(train_src), "kept": len(kept), "dropped": dropped,
-            "max_len": max_len, "max_ratio": max_ratio,
-        }
-        meta = {
-            "format": 1,
-            "source_lang": src_lang,
-            "target_lang": tgt_lang,
-            **(extra_meta or {}),
-            "vocab_size": len(vocab),
-            "vocab_threshold": vocab_threshold,
-            "token_dtype": token_dtype(len(vocab)).name,
-            "splits": split_meta,
-            "inputs": inputs,
-            "versions": package_versions(),
-        }
-        apply_default_mode(staging, directory=True)
-        (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(staging, out)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)
+    out = _check_options(opts)
+    inputs = _split_inputs(opts)
+    tokenizer = {"name": "moses", "escape": False, "aggressive_dash_splits": True,
+                 "normalize_punctuation": opts.normalize}
+    with _staging(out) as staging:
+        stages = _Stages(opts.quiet, on_stage)
+        with stages.progress:
+            work = staging / ".work"
+            work.mkdir()
+            tokenized, counts = _tokenize(inputs, work, staging, opts, stages)
+            stages.begin("learn BPE", opts.bpe_merges, unit="merges")
+            codes = text.learn_bpe(counts, opts.bpe_merges)
+            del counts
+            stages.end(len(codes.splitlines()) - 1)
+            meta = _segment_and_binarize(tokenized, staging, codes, opts, stages, tokenizer, inputs)
+        _finish(staging, out, meta)
     return meta
+
+
+def binarize_segmented(opts: PrepareOptions, codes: str) -> dict:
+    """`nmt binarize`: your own tokenized + BPE text -> data dir; valid/test raw text is derived from it."""
+    out = _check_options(opts)
+    inputs = _split_inputs(opts)
+    tokenizer = {"name": "moses", "escape": False, "aggressive_dash_splits": True, "normalize_punctuation": False}
+    with _staging(out) as staging:
+        stages = _Stages(opts.quiet, None)
+        with stages.progress:
+            meta = _segment_and_binarize(inputs, staging, None, opts, stages, tokenizer, inputs, stored_codes=codes)
+        _finish(staging, out, meta)
+    return meta
+
+
+class _staging:
+    """A temporary directory beside `out`, removed unless it was renamed into place."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+
+    def __enter__(self) -> Path:
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.path = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.", suffix=".tmp", dir=self.out.parent))
+        return self.path
+
+    def __exit__(self, *exc) -> None:
+        if self.path.exists():
+            shutil.rmtree(self.path)
+
+
+def _finish(staging: Path, out: Path, meta: dict) -> None:
+    shutil.rmtree(staging / ".work", ignore_errors=True)
+    apply_default_mode(staging, directory=True)
+    (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    if out.exists() or out.is_symlink():
+        shutil.rmtree(out) if out.is_dir() and not out.is_symlink() else out.unlink()
+    os.replace(staging, out)
+
+
+def _tokenize(inputs: dict[str, tuple[Path, Path]], work: Path, staging: Path, opts: PrepareOptions,
+              stages: _Stages) -> tuple[dict[str, tuple[Path, Path]], Counter]:
+    """Stage 1: normalize + tokenize every split into `work`, counting training words; valid/test raw text is
+    copied into `staging` on the way."""
+    src_lang, tgt_lang = opts.source_lang, opts.target_lang
+    state = {"src_lang": src_lang, "tgt_lang": tgt_lang, "normalize": opts.normalize}
+    counts: Counter = Counter()
+    tokenized = {}
+    stages.begin("normalize+tokenize" if opts.normalize else "tokenize", None)
+    done = 0
+    for name, paths in inputs.items():
+        is_train = name == "train"
+        tokenized[name] = (work / f"{name}.tok.{src_lang}", work / f"{name}.tok.{tgt_lang}")
+        writers = [_Writer(p) for p in tokenized[name]]
+        if not is_train:
+            writers += [_Writer(staging / f"{name}.raw.{lang}") for lang in (src_lang, tgt_lang)]
+        raw_chunks: list = []
+
+        def jobs(paths=paths, is_train=is_train, raw_chunks=raw_chunks):
+            for src, tgt in pair_chunks(*paths):
+                raw_chunks.append(None if is_train else (src, tgt))
+                yield src, tgt, is_train
+
+        nonempty = [False, False]
+        for src_tok, tgt_tok, chunk_counts in ordered_map(_tokenize_job, jobs(), opts.workers, _init_worker, (state,)):
+            raw = raw_chunks.pop(0)
+            for writer, lines in zip(writers, (src_tok, tgt_tok, *(raw or ()))):
+                writer.write(lines)
+            nonempty = [nonempty[0] or any(src_tok), nonempty[1] or any(tgt_tok)]
+            if chunk_counts is not None:
+                counts.update(chunk_counts)
+            done += 2 * len(src_tok)
+            stages.advance(2 * len(src_tok))
+        for writer in writers:
+            writer.close()
+        for side, path in enumerate(paths):
+            if not nonempty[side]:
+                raise NmtError(f"empty corpus: {path} has no text")
+    stages.end(done)
+    return tokenized, counts
+
+
+def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, codes: str | None,
+                          opts: PrepareOptions, stages: _Stages, tokenizer: dict, originals: dict,
+                          stored_codes: str | None = None) -> dict:
+    """Stages 3-5: apply BPE (or take the text as segmented when `codes` is None), filter training pairs,
+    build the vocabulary from the kept training pieces, binarize every split. Returns meta.json's contents."""
+    src_lang, tgt_lang = opts.source_lang, opts.target_lang
+    work = staging / ".work"
+    work.mkdir(exist_ok=True)
+    state = {"codes": codes, "max_len": opts.max_len, "max_ratio": opts.max_ratio, "src_lang": src_lang,
+             "tgt_lang": tgt_lang}
+    pieces: Counter = Counter()
+    dropped = {"empty": 0, "too_long": 0, "ratio": 0}
+    input_sentences = 0
+    segmented = {}
+    stages.begin("apply BPE" if codes is not None else "filter", None)
+    done = 0
+    for name, paths in inputs.items():
+        is_train = name == "train"
+        target = work if is_train else staging
+        segmented[name] = (target / f"{name}.bpe.{src_lang}", target / f"{name}.bpe.{tgt_lang}")
+        writers = [_Writer(p) for p in segmented[name]]
+        derive_raw = codes is None and not is_train  # nmt binarize: raw valid/test text comes from the BPE text
+        if derive_raw:
+            writers += [_Writer(staging / f"{name}.raw.{lang}") for lang in (src_lang, tgt_lang)]
+        jobs = ((s, t, is_train) for s, t in pair_chunks(*paths))
+        for src, tgt, chunk_dropped, chunk_pieces in ordered_map(_segment_job, jobs, opts.workers, _init_worker,
+                                                                 (state,)):
+            raws = ()
+            if derive_raw:
+                raws = ([text.detokenize(text.remove_bpe(x), src_lang) for x in src],
+                        [text.detokenize(text.remove_bpe(x), tgt_lang) for x in tgt])
+            for writer, lines in zip(writers, (src, tgt, *raws)):
+                writer.write(lines)
+            if chunk_dropped is not None:
+                input_sentences += len(src) + sum(chunk_dropped.values())
+                for reason, n in chunk_dropped.items():
+                    dropped[reason] += n
+                pieces.update(chunk_pieces)
+            done += 2 * len(src)
+            stages.advance(2 * len(src))
+        for writer in writers:
+            writer.close()
+    stages.end(done)
+    kept = input_sentences - sum(dropped.values())
+    if kept == 0:
+        raise NmtError(f"empty corpus: every training pair was filtered out ({dropped})")
+
+    stages.begin("vocabulary", None, unit="pieces")
+    vocab = Vocabulary.from_counts(pieces, opts.vocab_threshold)
+    vocab.save(staging / "vocab.txt")
+    (staging / "bpe.codes").write_text(codes if codes is not None else (stored_codes or ""), encoding="utf-8")
+    stages.end(len(vocab))
+    del pieces
+
+    stages.begin("binarize", 2 * kept + sum(2 * _count_lines(segmented[n][0]) for n in segmented if n != "train"))
+    state = {"symbols": vocab.symbols}
+    split_meta: dict[str, dict] = {}
+    done = 0
+    for name, paths in segmented.items():
+        dtype = token_dtype(len(vocab))
+        writers = [BinarizedWriter(staging / f"{name}.{lang}", dtype) for lang in (src_lang, tgt_lang)]
+        unk = [0, 0]
+        too_long = 0
+        limit = None if name == "train" else MAX_POSITIONS - 1
+        jobs = ((s, t, limit) for s, t in pair_chunks(*paths))
+        for sides, chunk_too_long in ordered_map(_binarize_job, jobs, opts.workers, _init_worker, (state,)):
+            for k, (writer, (flat, lengths, n_unk)) in enumerate(zip(writers, sides)):
+                writer.add(flat, lengths)
+                unk[k] += n_unk
+            too_long += chunk_too_long
+            n = 2 * (len(sides[0][1]) + chunk_too_long)
+            done += n
+            stages.advance(n)
+        for writer in writers:
+            writer.close()
+        split_meta[name] = {"sentences": writers[0].sentences,
+                            **{lang: {"tokens": w.tokens, "unk": u} for lang, w, u in zip((src_lang, tgt_lang),
+                                                                                         writers, unk)}}
+        if name != "train":
+            split_meta[name]["dropped_too_long"] = too_long
+    stages.end(done)
+    split_meta["train"]["filtered"] = {"input_sentences": input_sentences, "kept": kept, "dropped": dropped,
+                                       "max_len": opts.max_len, "max_ratio": opts.max_ratio}
+    return {
+        "format": 1,
+        "source_lang": src_lang,
+        "target_lang": tgt_lang,
+        "bpe_merges": opts.bpe_merges if codes is not None else None,
+        "tokenizer": tokenizer,
+        "vocab_size": len(vocab),
+        "vocab_threshold": opts.vocab_threshold,
+        "token_dtype": token_dtype(len(vocab)).name,
+        "max_positions": MAX_POSITIONS,
+        "splits": split_meta,
+        "inputs": {name: {str(p): file_sha256(p) for p in paths} for name, paths in originals.items()},
+        "versions": package_versions(),
+    }
+
+
+def _count_lines(path: Path) -> int:
+    with open(path, "rb") as f:
+        return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))

@@ -151,8 +151,10 @@ def beam_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, beam: 
         top_scores, top_index = candidates.topk(min(2 * beam, width * k), dim=1)  # (B', 2*beam)
         top_beam, top_token = top_index // k, proposals.view(n_active, width * k).gather(1, top_index)
         is_eos = (top_token == eos) & torch.isfinite(top_scores)
+        # Finished hypotheses: </s> candidates among the `beam` best (fairseq's rule; the other `beam` are only
+        # there to refill the open beam), so that beam 1 is exactly greedy search.
+        is_eos[:, beam:] = False
 
-        # Finished hypotheses: every </s> candidate among the 2*beam best.
         penalty = length_penalty(step + 1, lenpen)
         if is_eos.any():
             sentences, beams, totals = active.tolist(), top_beam.tolist(), top_scores.tolist()

@@ -8,7 +8,7 @@ import re
 from collections import Counter
 from functools import lru_cache
 
-from sacremoses import MosesDetokenizer, MosesTokenizer
+from sacremoses import MosesDetokenizer, MosesPunctNormalizer, MosesTokenizer
 from subword_nmt.apply_bpe import BPE
 from subword_nmt.learn_bpe import learn_bpe as _subword_learn_bpe
 
@@ -23,6 +23,16 @@ def _tokenizer(lang: str) -> MosesTokenizer:
 @lru_cache(maxsize=8)
 def _detokenizer(lang: str) -> MosesDetokenizer:
     return MosesDetokenizer(lang=lang)
+
+
+@lru_cache(maxsize=8)
+def _normalizer(lang: str) -> MosesPunctNormalizer:
+    return MosesPunctNormalizer(lang=lang, post_remove_control_chars=True)
+
+
+def normalize_punctuation(line: str, lang: str) -> str:
+    """Moses normalize-punctuation.perl, then remove non-printing characters (as fairseq's WMT14 script does)."""
+    return _normalizer(lang).normalize(line)
 
 
 def tokenize(line: str, lang: str, aggressive_dash: bool = True) -> str:

@@ -6,11 +6,12 @@ import json
 import math
 import os
 import time
-from contextlib import nullcontext
+from contextlib import closing, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -18,10 +19,10 @@ from torch.nn.parallel import DistributedDataParallel
 from . import TRAINING_KERNEL_CACHE, size_kernel_cache
 from . import distributed as D
 from .checkpoint import load_checkpoint, numbered_checkpoints, save_checkpoint
-from .data import DataDir, collate, make_batches, shuffled
+from .data import Batch, DataDir, collate, make_batches, prefetch, shuffled
 from .errors import NmtError
 from .model import ModelConfig, Transformer, count_parameters, make_config
-from .ops import linear_cross_entropy
+from .ops import linear_cross_entropy, linear_cross_entropy_and_nll
 
 
 @dataclass
@@ -73,14 +74,16 @@ class TranslationLoss(nn.Module):
         super().__init__()
         self.model, self.label_smoothing = model, label_smoothing
 
-    def forward(self, src: torch.Tensor, prev_output: torch.Tensor, target: torch.Tensor,
-                smoothing: float | None = None) -> torch.Tensor:
-        hidden = self.model(src, prev_output)  # (B, T, d)
-        keep = target != self.model.config.pad
+    def forward(self, src: torch.Tensor, prev_output: torch.Tensor, target_index: torch.Tensor,
+                target: torch.Tensor, with_nll: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Summed loss over the real target tokens: `target_index` (n,) flat positions into (B, T), `target`
+        (n,) their ids. With `with_nll` (no gradients), also the summed NLL of the same forward pass."""
+        hidden = self.model(src, prev_output).flatten(0, 1).index_select(0, target_index)  # (n, d)
         # Only the real target positions reach the output projection (padding would cost matmul rows),
         # and the (tokens x V) logits are never held at once (see ops.linear_cross_entropy).
-        eps = self.label_smoothing if smoothing is None else smoothing
-        return linear_cross_entropy(hidden[keep], self.model.embed.weight, target[keep], eps)
+        if with_nll:
+            return linear_cross_entropy_and_nll(hidden, self.model.embed.weight, target, self.label_smoothing)
+        return linear_cross_entropy(hidden, self.model.embed.weight, target, self.label_smoothing)
 
 
 def autocast_context(precision: str, device: torch.device):
@@ -120,13 +123,12 @@ def validate(loss_module: TranslationLoss, corpus, batches, vocab, precision: st
     """Validation loss (label-smoothed), NLL and perplexity over the whole split, summed over processes."""
     was_training = loss_module.training
     loss_module.eval()
-    totals = [0.0, 0.0, 0.0]
+    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss, nll, tokens: read once at the end
     for indices in batches[ctx.rank :: ctx.world_size]:
         batch = collate(corpus, indices, vocab).to(device)
         with autocast_context(precision, device):
-            totals[0] += float(loss_module(batch.src, batch.prev_output, batch.target))
-            totals[1] += float(loss_module(batch.src, batch.prev_output, batch.target, smoothing=0.0))
-        totals[2] += batch.ntokens
+            loss, nll = loss_module(batch.src, batch.prev_output, batch.target_index, batch.target, with_nll=True)
+        totals += torch.stack([loss.double(), nll.double(), loss.new_tensor(batch.ntokens, dtype=torch.float64)])
     loss, nll, ntokens = D.all_reduce_sum(totals, ctx, device)
     loss_module.train(was_training)
     return {"valid_loss": loss / ntokens, "valid_nll": nll / ntokens, "valid_ppl": math.exp(nll / ntokens)}
@@ -139,7 +141,8 @@ def valid_bleu(model: Transformer, data: DataDir, device: torch.device, precisio
     from .translate import Translator
 
     translator = Translator([model], data.vocab, data.bpe_codes, data.source_lang, data.target_lang, device,
-                            precision=precision)
+                            precision=precision,
+                            normalize=bool(data.meta.get("tokenizer", {}).get("normalize_punctuation", False)))
     sources = (data.path / f"valid.raw.{data.source_lang}").read_text(encoding="utf-8").splitlines()
     refs = (data.path / f"valid.raw.{data.target_lang}").read_text(encoding="utf-8").splitlines()
     was_training = model.training
@@ -194,6 +197,82 @@ class JsonLog:
             self.file.close()
 
 
+def check_lengths(data: DataDir, splits: dict, config: ModelConfig) -> None:
+    """Refuse, before training starts, data with sentences the model's positions cannot hold."""
+    for name, corpus in splits.items():
+        longest = max(int(corpus.src.sizes.max(initial=0)), int(corpus.tgt.sizes.max(initial=0)))
+        if longest + 1 > config.max_positions:  # + </s> (or <s>)
+            raise NmtError(f"{data.path}: the {name} split has a sentence of {longest} tokens, more than the "
+                           f"model's {config.max_positions} positions hold; re-run nmt prepare (--max-len)")
+
+
+class Window:
+    """Loss and token sums since the last log line, kept on the device until `read` (one host sync)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.reset(time.monotonic())
+
+    def reset(self, now: float) -> None:
+        self.loss = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.global_tokens = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.tokens, self.time = 0, now
+
+    def add(self, loss: torch.Tensor, tokens: int, global_tokens: torch.Tensor) -> None:
+        self.loss += loss
+        self.global_tokens += global_tokens
+        self.tokens += tokens
+
+    def read(self, now: float) -> dict:
+        """Mean loss per target token and target tokens/s (all processes) since the last read; resets."""
+        loss, global_tokens = torch.stack([self.loss, self.global_tokens]).tolist()
+        record = {"loss": loss / max(self.tokens, 1), "tgt_tokens_per_s": global_tokens / max(now - self.time, 1e-9)}
+        self.reset(now)
+        return record
+
+
+def train_step(runner: nn.Module, model: Transformer, micro: list[Batch], optimizer, scaler, opts: TrainOptions,
+               ctx: D.DistContext, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One update from the micro-batches of `micro` (gradient accumulation); returns this process's summed
+    loss and the global target token count, both on the device, or (loss, None) when the update was skipped
+    (non-finite gradients: weights and optimizer untouched).
+
+    The loss is summed over target tokens and divided by the global token count; DDP averages gradients
+    over processes, hence the world_size factor. The only host sync is the finiteness check of the gradient
+    norm, once per update (it is the all-reduced gradient, so every process decides alike).
+    """
+    local_tokens = sum(b.ntokens for b in micro)
+    global_tokens = torch.tensor(float(local_tokens), dtype=torch.float64, device=device)
+    if ctx.enabled:
+        dist.all_reduce(global_tokens)  # stays on the device: no host read
+    factor = (ctx.world_size / global_tokens).float()
+    update_loss = torch.zeros((), dtype=torch.float64, device=device)
+    for i, batch in enumerate(micro):
+        sync = i == len(micro) - 1
+        with runner.no_sync() if ctx.enabled and not sync else nullcontext():
+            with autocast_context(opts.precision, device):
+                loss = runner(batch.src, batch.prev_output, batch.target_index, batch.target)
+            scaler.scale(loss * factor).backward()
+        update_loss += loss.detach()
+    if scaler.is_enabled():
+        scaler.unscale_(optimizer)
+    if opts.clip_norm > 0:
+        norm = nn.utils.clip_grad_norm_(model.parameters(), opts.clip_norm)
+    else:
+        norm = nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+    if scaler.is_enabled():
+        scale_before = scaler.get_scale()
+        scaler.step(optimizer)  # skips the step itself on inf/NaN gradients
+        scaler.update()
+        skipped = scaler.get_scale() < scale_before
+    else:
+        skipped = not math.isfinite(float(norm))
+        if not skipped:
+            optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return update_loss, None if skipped else global_tokens
+
+
 def train(opts: TrainOptions) -> dict:
     """Train (or resume) a model as `opts` says; return the final progress record."""
     size_kernel_cache(TRAINING_KERNEL_CACHE)
@@ -230,6 +309,7 @@ def train(opts: TrainOptions) -> dict:
             progress["world_size"] = ctx.world_size
 
     train_corpus, valid_corpus = data.split("train"), data.split("valid")
+    check_lengths(data, {"train": train_corpus, "valid": valid_corpus}, config)
     batches = make_batches(train_corpus.src.sizes, train_corpus.tgt.sizes, opts.max_tokens, opts.seed)
     valid_batches = make_batches(valid_corpus.src.sizes, valid_corpus.tgt.sizes, opts.max_tokens, opts.seed)
     if len(batches) < ctx.world_size:
@@ -252,9 +332,16 @@ def train(opts: TrainOptions) -> dict:
                "device": str(device), "precision": opts.precision})
     higher_is_better = opts.eval_bleu
     start = time.monotonic() - progress["elapsed"]
-    last_save = time.monotonic()
-    window = {"loss": 0.0, "tokens": 0, "time": time.monotonic(), "global_tokens": 0}
+    last_interval_save = time.monotonic()
+    # Numbered checkpoints (what `nmt average --last N` reads) come from one regular schedule only: the update
+    # or minute interval when one is given, else epoch ends. Other saves update checkpoint_last.pt.
+    interval_given = opts.save_interval_updates > 0 or opts.save_interval_minutes > 0
+    window = Window(device)
     stop_reason = None
+    pin = device.type == "cuda"
+
+    def make_group(group: list) -> list[Batch]:
+        return [collate(train_corpus, idx, data.vocab) for idx in group]
 
     bar = Progress(TextColumn("[bold]train[/]"), BarColumn(), TextColumn("{task.fields[status]}"),
                    TimeElapsedColumn(), TimeRemainingColumn(), disable=opts.quiet or not ctx.is_main)
@@ -264,128 +351,104 @@ def train(opts: TrainOptions) -> dict:
             epoch_batches = shuffled(batches, opts.seed, progress["epoch"])
             per_rank = len(epoch_batches) // ctx.world_size
             mine = epoch_batches[ctx.rank :: ctx.world_size][:per_rank]
-            while progress["batch_pos"] < len(mine) and stop_reason is None:
-                group = mine[progress["batch_pos"] : progress["batch_pos"] + opts.update_freq]
-                micro = [collate(train_corpus, idx, data.vocab).to(device) for idx in group]
-                (global_tokens,) = D.all_reduce_sum([float(sum(b.ntokens for b in micro))], ctx, device)
-                lr = inverse_sqrt_lr(progress["updates"] + 1, config.d_model, opts.warmup, opts.lr_scale)
-                for group_ in optimizer.param_groups:
-                    group_["lr"] = lr
-                # Loss summed over target tokens, divided by the global token count; DDP averages
-                # gradients over processes, hence the world_size factor.
-                factor = ctx.world_size / global_tokens
-                update_loss, update_tokens = 0.0, 0
-                for i, batch in enumerate(micro):
-                    sync = i == len(micro) - 1
-                    with runner.no_sync() if ctx.enabled and not sync else nullcontext():
-                        with autocast_context(opts.precision, device):
-                            loss = runner(batch.src, batch.prev_output, batch.target)
-                        scaler.scale(loss * factor).backward()
-                    update_loss += float(loss.detach())
-                    update_tokens += batch.ntokens
-                if opts.clip_norm > 0:
-                    scaler.unscale_(optimizer)
-                    nn.utils.clip_grad_norm_(model.parameters(), opts.clip_norm)
-                skipped = False
-                if scaler.is_enabled():
-                    scale_before = scaler.get_scale()
-                    scaler.step(optimizer)
-                    scaler.update()
-                    skipped = scaler.get_scale() < scale_before  # inf/NaN gradients: the scaler skipped it
-                else:
-                    (bad,) = D.all_reduce_sum([float(not math.isfinite(update_loss))], ctx, device)
-                    skipped = bad > 0
-                    if not skipped:
-                        optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                progress["batch_pos"] += len(group)
-                window["global_tokens"] += int(global_tokens)
-                if skipped:
-                    # Weights untouched, schedule not advanced; never a NaN model.
-                    log.write({"event": "overflow", "update": progress["updates"] + 1,
-                               "loss_scale": scaler.get_scale() if scaler.is_enabled() else None})
-                    if progress["batch_pos"] >= len(mine):
+            groups = [mine[i : i + opts.update_freq] for i in range(progress["batch_pos"], len(mine), opts.update_freq)]
+            # The next group is collated (and pinned) on a background thread while this one runs.
+            with closing(prefetch(make_group, groups, pin)) as stream:
+                for micro in stream:
+                    micro = [b.to(device, non_blocking=pin) for b in micro]
+                    lr = inverse_sqrt_lr(progress["updates"] + 1, config.d_model, opts.warmup, opts.lr_scale)
+                    for group_ in optimizer.param_groups:
+                        group_["lr"] = lr
+                    update_loss, global_tokens = train_step(runner, model, micro, optimizer, scaler, opts, ctx,
+                                                            device)
+                    skipped = global_tokens is None
+                    progress["batch_pos"] += len(micro)
+                    end_of_epoch = progress["batch_pos"] >= len(mine)
+                    if skipped:
+                        # Weights untouched, schedule not advanced; never a NaN model.
+                        log.write({"event": "overflow", "update": progress["updates"] + 1,
+                                   "loss_scale": scaler.get_scale() if scaler.is_enabled() else None})
+                        if end_of_epoch:
+                            progress["epoch"] += 1
+                            progress["batch_pos"] = 0
+                        continue
+                    progress["updates"] += 1
+                    updates = progress["updates"]
+                    window.add(update_loss, sum(b.ntokens for b in micro), global_tokens)
+
+                    if end_of_epoch:
                         progress["epoch"] += 1
                         progress["batch_pos"] = 0
-                        break
-                    continue
-                progress["updates"] += 1
-                updates = progress["updates"]
-                window["loss"] += update_loss
-                window["tokens"] += update_tokens
+                    now = time.monotonic()
+                    progress["elapsed"] = now - start
+                    timed = [0.0, 0.0]
+                    if opts.max_time > 0 and progress["elapsed"] >= opts.max_time * 60:
+                        timed[0] = 1.0
+                    if opts.save_interval_minutes > 0 and now - last_interval_save >= opts.save_interval_minutes * 60:
+                        timed[1] = 1.0
+                    if opts.max_time > 0 or opts.save_interval_minutes > 0:
+                        timed = D.all_reduce_sum(timed, ctx, device)  # every process must decide alike
+                    if opts.max_updates and updates >= opts.max_updates:
+                        stop_reason = "max_updates"
+                    elif end_of_epoch and opts.max_epochs and progress["epoch"] > opts.max_epochs:
+                        stop_reason = "max_epochs"
+                    elif timed[0] > 0:
+                        stop_reason = "max_time"
 
-                end_of_epoch = progress["batch_pos"] >= len(mine)
-                if end_of_epoch:
-                    progress["epoch"] += 1
-                    progress["batch_pos"] = 0
-                now = time.monotonic()
-                progress["elapsed"] = now - start
-                timed = [0.0, 0.0]
-                if opts.max_time > 0 and progress["elapsed"] >= opts.max_time * 60:
-                    timed[0] = 1.0
-                if opts.save_interval_minutes > 0 and now - last_save >= opts.save_interval_minutes * 60:
-                    timed[1] = 1.0
-                if opts.max_time > 0 or opts.save_interval_minutes > 0:
-                    timed = D.all_reduce_sum(timed, ctx, device)  # every process must decide alike
-                if opts.max_updates and updates >= opts.max_updates:
-                    stop_reason = "max_updates"
-                elif end_of_epoch and opts.max_epochs and progress["epoch"] > opts.max_epochs:
-                    stop_reason = "max_epochs"
-                elif timed[0] > 0:
-                    stop_reason = "max_time"
+                    if updates % opts.log_interval == 0 or stop_reason:
+                        record = {"event": "train", "update": updates, "epoch": progress["epoch"] - end_of_epoch,
+                                  **window.read(now), "lr": lr, "elapsed_s": round(progress["elapsed"], 1)}
+                        log.write(record)
+                        bar.update(task, status=f"upd {updates} loss {record['loss']:.3f} lr {lr:.2e} "
+                                                f"{record['tgt_tokens_per_s']:,.0f} tok/s")
+                    bar.update(task, completed=updates)
 
-                if updates % opts.log_interval == 0 or stop_reason:
-                    elapsed = now - window["time"]
-                    record = {"event": "train", "update": updates, "epoch": progress["epoch"] - end_of_epoch,
-                              "loss": window["loss"] / max(window["tokens"], 1), "lr": lr,
-                              "tgt_tokens_per_s": window["global_tokens"] / max(elapsed, 1e-9),
-                              "elapsed_s": round(progress["elapsed"], 1)}
-                    log.write(record)
-                    bar.update(task, status=f"upd {updates} loss {record['loss']:.3f} lr {lr:.2e} "
-                                            f"{record['tgt_tokens_per_s']:,.0f} tok/s")
-                    window = {"loss": 0.0, "tokens": 0, "time": now, "global_tokens": 0}
-                bar.update(task, completed=updates)
-
-                do_valid = (opts.valid_interval and updates % opts.valid_interval == 0) or (
-                    not opts.valid_interval and end_of_epoch) or stop_reason is not None
-                do_save = (opts.save_interval_updates and updates % opts.save_interval_updates == 0) or (
-                    end_of_epoch or timed[1] > 0 or stop_reason is not None)
-                improved = False
-                if do_valid:
-                    metrics = validate(loss_module, valid_corpus, valid_batches, data.vocab, opts.precision,
-                                       device, ctx)
-                    if opts.eval_bleu:
-                        score = valid_bleu(model, data, device, opts.precision) if ctx.is_main else 0.0
-                        (metrics["valid_bleu"],) = D.all_reduce_sum([score], ctx, device)
-                    value = metrics["valid_bleu"] if opts.eval_bleu else metrics["valid_loss"]
-                    best = progress["best"]
-                    improved = best is None or (value > best if higher_is_better else value < best)
-                    if improved:
-                        progress["best"], progress["bad_validations"] = value, 0
+                    do_valid = (opts.valid_interval and updates % opts.valid_interval == 0) or (
+                        not opts.valid_interval and end_of_epoch) or stop_reason is not None
+                    if interval_given:
+                        numbered = bool(opts.save_interval_updates and updates % opts.save_interval_updates == 0)
+                        numbered = numbered or timed[1] > 0
                     else:
-                        progress["bad_validations"] += 1
-                    log.write({"event": "valid", "update": updates, **metrics, "best": progress["best"]})
-                    if not opts.quiet and ctx.is_main:
-                        shown = " ".join(f"{k} {v:.3f}" for k, v in metrics.items())
-                        bar.console.print(f"update {updates}: {shown}" + (" (best)" if improved else ""))
-                    if opts.patience and progress["bad_validations"] >= opts.patience and stop_reason is None:
-                        stop_reason = "patience"
-                        do_save = True
-                if do_save or improved:
-                    rngs = D.gather_objects(rng_state(device), ctx)
-                    if ctx.is_main:
-                        state = build_state(model, data, optimizer, scaler, progress, rngs)
-                        if do_save:
-                            save_checkpoint(state, save_dir / f"checkpoint_{updates}.pt")
-                            save_checkpoint(state, last_path)
-                            if opts.keep_last > 0:
-                                for old in numbered_checkpoints(save_dir)[: -opts.keep_last]:
-                                    old.unlink()
+                        numbered = end_of_epoch
+                    do_save = numbered or end_of_epoch or stop_reason is not None
+                    improved = False
+                    if do_valid:
+                        metrics = validate(loss_module, valid_corpus, valid_batches, data.vocab, opts.precision,
+                                           device, ctx)
+                        if opts.eval_bleu:
+                            score = valid_bleu(model, data, device, opts.precision) if ctx.is_main else 0.0
+                            (metrics["valid_bleu"],) = D.all_reduce_sum([score], ctx, device)
+                        value = metrics["valid_bleu"] if opts.eval_bleu else metrics["valid_loss"]
+                        best = progress["best"]
+                        improved = best is None or (value > best if higher_is_better else value < best)
                         if improved:
-                            save_checkpoint(state, save_dir / "checkpoint_best.pt")
-                    last_save = time.monotonic() if do_save else last_save
-                if end_of_epoch:
-                    break
+                            progress["best"], progress["bad_validations"] = value, 0
+                        else:
+                            progress["bad_validations"] += 1
+                        log.write({"event": "valid", "update": updates, **metrics, "best": progress["best"]})
+                        if not opts.quiet and ctx.is_main:
+                            shown = " ".join(f"{k} {v:.3f}" for k, v in metrics.items())
+                            bar.console.print(f"update {updates}: {shown}" + (" (best)" if improved else ""))
+                        if opts.patience and progress["bad_validations"] >= opts.patience and stop_reason is None:
+                            stop_reason = "patience"
+                            do_save = True
+                    if do_save or improved:
+                        rngs = D.gather_objects(rng_state(device), ctx)
+                        if ctx.is_main:
+                            state = build_state(model, data, optimizer, scaler, progress, rngs)
+                            if numbered:
+                                save_checkpoint(state, save_dir / f"checkpoint_{updates}.pt")
+                                if opts.keep_last > 0:
+                                    for old in numbered_checkpoints(save_dir)[: -opts.keep_last]:
+                                        old.unlink()
+                            if do_save:
+                                save_checkpoint(state, last_path)
+                            if improved:
+                                save_checkpoint(state, save_dir / "checkpoint_best.pt")
+                        if timed[1] > 0:
+                            last_interval_save = time.monotonic()
+                    if stop_reason is not None:
+                        break
     summary = {"event": "end", "reason": stop_reason, **progress}
     log.write(summary)
     log.close()

@@ -27,7 +27,7 @@ class Translator:
     """
 
     def __init__(self, models: Sequence[Transformer], vocab: Vocabulary, bpe_codes: str, source_lang: str,
-                 target_lang: str, device: torch.device, precision: str = "fp32") -> None:
+                 target_lang: str, device: torch.device, precision: str = "fp32", normalize: bool = False) -> None:
         if precision not in PRECISIONS:
             raise NmtError(f"unknown --precision {precision!r} (use fp32, bf16 or fp16)")
         if precision == "fp16" and device.type != "cuda":
@@ -37,6 +37,7 @@ class Translator:
         self.vocab, self.source_lang, self.target_lang = vocab, source_lang, target_lang
         self.bpe = text.BpeApplier(bpe_codes)
         self.device, self.precision = device, precision
+        self.normalize = normalize  # Moses punctuation normalization before tokenizing, as at prepare time
         self.warnings: list[str] = []
         self.generated_tokens = 0  # output tokens (</s> included) of the best hypotheses so far
 
@@ -62,7 +63,9 @@ class Translator:
                 model = model.to(PRECISIONS.get(precision, torch.float32))
             models.append(model.to(dev))
         assert first is not None
-        return cls(models, vocab, first["bpe_codes"], first["source_lang"], first["target_lang"], dev, precision)
+        normalize = bool((first.get("tokenizer") or {}).get("normalize_punctuation", False))
+        return cls(models, vocab, first["bpe_codes"], first["source_lang"], first["target_lang"], dev, precision,
+                   normalize)
 
     def _autocast(self):
         params = next(self.ensemble.models[0].parameters())
@@ -78,6 +81,8 @@ class Translator:
             if not sentence.strip():
                 out.append([])
                 continue
+            if self.normalize:
+                sentence = text.normalize_punctuation(sentence, self.source_lang)
             ids = self.vocab.encode(self.bpe(text.tokenize(sentence, self.source_lang)))
             if len(ids) > limit:
                 self.warnings.append(f"line {n}: {len(ids)} tokens exceed the model's {limit}; translated truncated")

@@ -38,7 +38,12 @@ class Vocabulary:
 
         Order: frequency descending, ties broken alphabetically, so the result is deterministic.
         """
-        counts = Counter(piece for line in lines for piece in line.split())
+        return cls.from_counts(Counter(piece for line in lines for piece in line.split()), threshold)
+
+    @classmethod
+    def from_counts(cls, counts: Counter[str], threshold: int = 1) -> Vocabulary:
+        """The vocabulary of pieces counted at least `threshold` times, most frequent first (ties alphabetical)."""
+        counts = Counter(counts)
         for special in SPECIALS:
             counts.pop(special, None)
         kept = sorted((s for s, c in counts.items() if c >= threshold), key=lambda s: (-counts[s], s))

@@ -1,40 +1,177 @@
-"""Recipes: the WMT14 make targets carry the paper's settings; the Multi30k recipe runs end to end."""
+"""Recipes run end to end: Multi30k on CPU, and WMT14 base/big rehearsed on small archives in the real formats."""
 
 from __future__ import annotations
 
+import gzip
+import html
+import io
+import json
 import os
 import re
 import subprocess
+import sys
+import tarfile
+from pathlib import Path
 
 import pytest
+import torch
 
 from .conftest import REPO, shared_data
 
-
-def _dry_run(*args: str) -> str:
-    result = subprocess.run(["make", "-n", "-o", ".venv/.installed", *args], cwd=REPO, capture_output=True,
-                            text=True, check=True)
-    return result.stdout
+WMT14_TEST_LINES = 120
 
 
-@pytest.mark.parametrize("model,updates,average,arch_dropout", [("base", 100000, 5, None), ("big", 300000, 20, None)])
-def test_wmt14_dry_run_has_paper_settings(model, updates, average, arch_dropout):
-    out = _dry_run(f"wmt14-{model}", "GPUS=8", "TEST_DATA=")
-    train = next(line for line in out.splitlines() if " train " in line)
-    for flag in (f"--arch {model}", f"--max-updates {updates}", "--warmup 4000", "--label-smoothing 0.1",
-                 "--save-interval-minutes 10", "--precision bf16", "--max-tokens 4096", "--update-freq 1"):
-        assert flag in train, (flag, train)
-    assert train.startswith("torchrun") and "--nproc_per_node 8" in train
-    assert f"nmt average --last {average}" in out
-    translate = next(line for line in out.splitlines() if "nmt translate" in line)
-    for flag in ("--beam 4", "--lenpen 0.6", "--max-len-a 1", "--max-len-b 50"):
-        assert flag in translate
-    assert "--tokenized-bleu de" in out
-    assert "training-parallel-europarl-v7.tgz" in out and "training-parallel-nc-v9.tgz" in out
-    assert "test-full.tgz" in out
-    # fewer GPUs keep the tokens per update by accumulating gradients
-    assert "--update-freq 4" in _dry_run(f"wmt14-{model}", "GPUS=2")
-    assert "--nnodes 2" in _dry_run(f"wmt14-{model}", "GPUS=4", "NNODES=2")
+def _add(archive: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    archive.addfile(info, io.BytesIO(data))
+
+
+def _sgm(lines: list[str], lang: str, kind: str) -> bytes:
+    """newstest2014 in the SGML layout of test-full.tgz: documents of <seg> lines, entities escaped."""
+    head = ('<srcset setid="newstest2014" srclang="any">\n' if kind == "src"
+            else f'<refset setid="newstest2014" srclang="any" trglang="{lang}">\n')
+    out = [head]
+    for start in range(0, len(lines), 50):
+        out.append(f'<doc sysid="ref" docid="doc{start}" genre="news" origlang="en">\n<p>\n')
+        for i, line in enumerate(lines[start : start + 50], start=start + 1):
+            out.append(f'<seg id="{i}">{html.escape(line, quote=False)}</seg>\n')
+        out.append("</p>\n</doc>\n")
+    out.append("</srcset>\n" if kind == "src" else "</refset>\n")
+    return "".join(out).encode("utf-8")
+
+
+def make_wmt14_archives(folder: Path, test_lines: int = WMT14_TEST_LINES, skip: tuple[str, str] | None = None) -> None:
+    """The five statmt.org archives with the real member paths and formats, filled with real text: Multi30k
+    pairs as the three training corpora, newstest2013/2014 (../shared/data/wmt14) as dev and test.
+    `skip` = (archive, member) leaves one member out."""
+    m30k, wmt = shared_data("multi30k"), shared_data("wmt14")
+    pairs = {lang: gzip.open(m30k / f"train.{lang}.gz", "rt", encoding="utf-8").read().splitlines()[:3000]
+             for lang in ("en", "de")}
+    news = {(name, lang): (wmt / f"{name}.{lang}").read_text(encoding="utf-8").splitlines()
+            for name in ("newstest2013", "newstest2014") for lang in ("en", "de")}
+    slices = {"training-parallel-europarl-v7.tgz": ("training/europarl-v7.de-en", 0, 1500),
+              "training-parallel-commoncrawl.tgz": ("commoncrawl.de-en", 1500, 2500),
+              "training-parallel-nc-v9.tgz": ("training/news-commentary-v9.de-en", 2500, 3000)}
+    members: dict[str, dict[str, bytes]] = {}
+    for name, (prefix, a, b) in slices.items():
+        members[name] = {f"{prefix}.{lang}": ("\n".join(pairs[lang][a:b]) + "\n").encode() for lang in ("en", "de")}
+    members["training-parallel-europarl-v7.tgz"]["training/europarl-v7.fr-en.fr"] = b"Une autre langue.\n"
+    members["dev.tgz"] = {f"dev/newstest2013.{lang}": ("\n".join(news["newstest2013", lang][:200]) + "\n").encode()
+                          for lang in ("en", "de")}
+    members["test-full.tgz"] = {
+        "test-full/newstest2014-deen-src.en.sgm": _sgm(news["newstest2014", "en"][:test_lines], "en", "src"),
+        "test-full/newstest2014-deen-ref.de.sgm": _sgm(news["newstest2014", "de"][:test_lines], "de", "ref")}
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, files in members.items():
+        with tarfile.open(folder / name, "w:gz") as archive:
+            for member, data in files.items():
+                if skip != (name, member):
+                    _add(archive, member, data)
+
+
+def _make(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(["make", "-o", ".venv/.installed", *args], cwd=REPO, capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def wmt14_archives(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("wmt14") / "archives"
+    make_wmt14_archives(folder)
+    return folder
+
+
+@pytest.mark.parametrize("model,average", [("base", 5), ("big", 20)])
+def test_wmt14_recipe_rehearsal(wmt14_archives, tmp_path_factory, model, average):
+    """The real `make wmt14-base` / `make wmt14-big` on CPU: torchrun with 2 gloo processes, the paper's
+    averaging count, the whole test set translated, sacreBLEU and tokenized BLEU printed."""
+    exp = tmp_path_factory.getbasetemp() / "wmt14-exp"  # shared by both models: data prepared once
+    updates, every = 4 * average, 2
+    result = _make(f"wmt14-{model}", f"WMT14_DATA={wmt14_archives}", "TEST_DATA=", f"WMT14_EXP={exp}",
+                   "WMT14_DEVICE=cpu", "GPUS=2", "WMT14_ARCH=tiny", f"WMT14_UPDATES={updates}",
+                   f"WMT14_SAVE_UPDATES={every}", "WMT14_BPE=400", "WMT14_MAX_TOKENS=1024",
+                   f"WMT14_TEST_LINES={WMT14_TEST_LINES}", "WMT14_TRAIN_FLAGS=--quiet")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    wmt = shared_data("wmt14")
+    # the SGML test set came out as the plain reference text, entities unescaped
+    expected = (wmt / "newstest2014.en").read_text(encoding="utf-8").splitlines()[:WMT14_TEST_LINES]
+    assert (exp / "raw" / "test.en").read_text(encoding="utf-8").splitlines() == expected
+    meta = json.loads((exp / "data" / "meta.json").read_text())
+    assert meta["tokenizer"]["normalize_punctuation"] is True
+    assert meta["splits"]["train"]["filtered"]["input_sentences"] == 3000
+    hyps = (exp / model / "newstest2014.hyp").read_text(encoding="utf-8").splitlines()
+    assert len(hyps) == WMT14_TEST_LINES
+    log = [json.loads(x) for x in (exp / model / "train.jsonl").read_text().splitlines()]
+    start = log[0]
+    assert start["world_size"] == 2 and start["device"] == "cpu" and start["config"]["d_model"] == 64
+    assert log[-1]["event"] == "end" and log[-1]["updates"] == updates
+    averaged = torch.load(exp / model / "model.pt", weights_only=True)
+    steps = [int(re.search(r"checkpoint_(\d+)\.pt", p).group(1)) for p in averaged["averaged_from"]]
+    assert steps == list(range(updates - every * (average - 1), updates + 1, every))  # the last N, equally spaced
+    assert averaged["tokenizer"]["normalize_punctuation"] is True
+    assert f"averaged {average} checkpoints" in result.stderr
+    assert re.search(r"bleu\s*│\s*[\d.]+", result.stdout) and "nrefs:1" in result.stdout
+    assert "tokenized" in result.stdout.lower()
+
+
+def _data_step(out: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "recipes" / "wmt14_data.py"), "--out", str(out), *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def _one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_wmt14_data_step_bad_input(tmp_path):
+    good = tmp_path / "good"
+    make_wmt14_archives(good, test_lines=30)
+    out = tmp_path / "raw"
+    # the real recipe wants the full newstest2014
+    _one_line_error(_data_step(out, "--archives", str(good)), "newstest2014-deen-src.en.sgm", "30 segments",
+                    "expected 3003")
+    assert not (out / ".done").exists() and not (out / "test.en").exists()
+    assert not list(out.glob(".*.tmp"))
+    # an archive missing
+    (good / "dev.tgz").rename(tmp_path / "dev.tgz")
+    _one_line_error(_data_step(out, "--archives", str(good), "--test-lines", "30"), str(good / "dev.tgz"),
+                    "no such file")
+    (tmp_path / "dev.tgz").rename(good / "dev.tgz")
+    # a member missing
+    broken = tmp_path / "broken"
+    make_wmt14_archives(broken, test_lines=30, skip=("training-parallel-nc-v9.tgz",
+                                                     "training/news-commentary-v9.de-en.de"))
+    _one_line_error(_data_step(out, "--archives", str(broken), "--test-lines", "30"),
+                    "training-parallel-nc-v9.tgz", "no member training/news-commentary-v9.de-en.de")
+    assert not (out / ".done").exists()
+    # TEST_DATA that lacks a file
+    _one_line_error(_data_step(out, "--archives", str(good), "--test-data", str(tmp_path)),
+                    str(tmp_path / "newstest2013.en"), "no such file")
+    # and the good archives pass
+    ok = _data_step(out, "--archives", str(good), "--test-lines", "30")
+    assert ok.returncode == 0, ok.stderr
+    assert (out / ".done").exists()
+    assert len((out / "train.de").read_text(encoding="utf-8").splitlines()) == 3000
+
+
+def test_wmt14_dry_run_has_paper_settings():
+    """The defaults are the paper's: a dry run shows the flags (the rehearsal above runs the same targets)."""
+    for model, updates, average in (("base", 100000, 5), ("big", 300000, 20)):
+        out = subprocess.run(["make", "-n", "-o", ".venv/.installed", f"wmt14-{model}", "GPUS=8"], cwd=REPO,
+                             capture_output=True, text=True, check=True).stdout
+        train = next(line for line in out.splitlines() if " train " in line)
+        for flag in (f"--arch {model}", f"--max-updates {updates}", "--warmup 4000", "--label-smoothing 0.1",
+                     "--save-interval-minutes 10", "--precision bf16", "--max-tokens 4096", "--update-freq 1",
+                     "--device cuda", f"--keep-last {average}"):
+            assert flag in train, (flag, train)
+        assert "--nproc_per_node 8" in train and f"nmt average --last {average}" in out
+        assert "--normalize-punctuation" in out and "--bpe-merges 35000" in out
 
 
 def test_multi30k_recipe_end_to_end(tmp_path):

@@ -1,0 +1,34 @@
+"""An ordered, bounded map over worker processes: results in input order, memory independent of input size."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+
+def ordered_map(fn: Callable[[Any], Any], jobs: Iterable[Any], workers: int,
+                initializer: Callable[..., None] | None = None, initargs: tuple = (),
+                in_flight_per_worker: int = 3) -> Iterator[Any]:
+    """Yield fn(job) for each job, in order, computed on `workers` processes (in this one when workers <= 1).
+
+    Unlike Pool.imap, which reads its whole input ahead into a queue, at most
+    `workers * in_flight_per_worker` jobs are pending at once, so a streamed corpus stays streamed.
+    """
+    if workers <= 1:
+        if initializer is not None:
+            initializer(*initargs)
+        for job in jobs:
+            yield fn(job)
+        return
+    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+    limit = workers * in_flight_per_worker
+    with ctx.Pool(workers, initializer=initializer, initargs=initargs) as pool:
+        pending: deque = deque()
+        for job in jobs:
+            pending.append(pool.apply_async(fn, (job,)))
+            if len(pending) >= limit:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()

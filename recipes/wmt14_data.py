@@ -1,0 +1,199 @@
+"""WMT14 en-de raw data for `make wmt14-base` / `make wmt14-big`, as fairseq's prepare-wmt14en2de.sh gathers it.
+
+    python recipes/wmt14_data.py --out RAW [--archives DIR] [--test-data DIR] [--test-lines 3003]
+
+Training text is Europarl v7, Common Crawl and News Commentary v9 (about 4.5M pairs), read straight from the
+five statmt.org archives (from --archives, or downloaded into RAW/orig); valid is newstest2013, test the
+full newstest2014 (3003 segments, SGML in test-full.tgz), or both from --test-data as plain text. Writes
+RAW/{train,valid,test}.{en,de} and RAW/.done last; every file goes to a temporary name first. Bad input
+(a missing archive or member, a test set of the wrong size) is one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import os
+import re
+import shutil
+import sys
+import tarfile
+import tempfile
+import urllib.request
+from pathlib import Path
+
+LANGS = ("en", "de")
+ARCHIVES = {
+    "training-parallel-europarl-v7.tgz": "http://statmt.org/wmt13/training-parallel-europarl-v7.tgz",
+    "training-parallel-commoncrawl.tgz": "http://statmt.org/wmt13/training-parallel-commoncrawl.tgz",
+    "training-parallel-nc-v9.tgz": "http://statmt.org/wmt14/training-parallel-nc-v9.tgz",
+    "dev.tgz": "http://statmt.org/wmt14/dev.tgz",
+    "test-full.tgz": "http://statmt.org/wmt14/test-full.tgz",
+}
+# archive -> member prefix; the members are PREFIX.en and PREFIX.de (paths as in the real archives)
+TRAIN_MEMBERS = {
+    "training-parallel-europarl-v7.tgz": "training/europarl-v7.de-en",
+    "training-parallel-commoncrawl.tgz": "commoncrawl.de-en",
+    "training-parallel-nc-v9.tgz": "training/news-commentary-v9.de-en",
+}
+VALID_MEMBER = ("dev.tgz", "dev/newstest2013")
+TEST_MEMBERS = {"en": "test-full/newstest2014-deen-src.en.sgm", "de": "test-full/newstest2014-deen-ref.de.sgm"}
+SEGMENT = re.compile(r"<seg[^>]*>(.*)</seg>")
+
+
+class DataError(Exception):
+    """Bad input: reported as one line, exit code 2."""
+
+
+def fetch_archives(archives: Path | None, orig: Path) -> dict[str, Path]:
+    """The five archives: from `archives` (each must be there) or downloaded into `orig` (temp name, then rename)."""
+    found = {}
+    for name, url in ARCHIVES.items():
+        if archives is not None:
+            path = archives / name
+            if not path.is_file():
+                raise DataError(f"{path}: no such file (WMT14_DATA must hold {', '.join(ARCHIVES)})")
+        else:
+            path = orig / name
+            if not path.is_file():
+                orig.mkdir(parents=True, exist_ok=True)
+                print(f"downloading {url}", file=sys.stderr)
+                tmp = path.with_name(f".{name}.tmp")
+                try:
+                    with urllib.request.urlopen(url) as response, open(tmp, "wb") as f:
+                        shutil.copyfileobj(response, f, 1 << 20)
+                except OSError as e:
+                    tmp.unlink(missing_ok=True)
+                    raise DataError(f"{url}: download failed ({e}); put the archives in a folder and set "
+                                    "WMT14_DATA") from None
+                os.replace(tmp, path)
+        found[name] = path
+    return found
+
+
+def _open_member(archive: tarfile.TarFile, path: Path, member: str):
+    try:
+        f = archive.extractfile(member)
+    except KeyError:
+        f = None
+    if f is None:
+        raise DataError(f"{path}: no member {member}")
+    return f
+
+
+def _members(path: Path, names: list[str]):
+    """Open `path` and check that it holds every member in `names`."""
+    try:
+        archive = tarfile.open(path, "r:*")
+        present = set(archive.getnames())
+    except (tarfile.TarError, OSError, EOFError) as e:
+        raise DataError(f"{path}: not a readable .tgz archive ({e})") from None
+    for name in names:
+        if name not in present:
+            archive.close()
+            raise DataError(f"{path}: no member {name}")
+    return archive
+
+
+def _write(path: Path, chunks) -> int:
+    """Write byte lines to `path` through a temporary file; return the line count."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    lines = 0
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for line in chunks:
+                f.write(line if line.endswith(b"\n") else line + b"\n")
+                lines += 1
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return lines
+
+
+def write_train(found: dict[str, Path], out: Path) -> None:
+    """out/train.{en,de}: the three corpora concatenated, each checked for equal line counts per side."""
+    opened = {name: _members(found[name], [f"{prefix}.{lang}" for lang in LANGS])
+              for name, prefix in TRAIN_MEMBERS.items()}
+    try:
+        counts = {}
+        for lang in LANGS:
+            def lines(lang=lang):
+                for name, prefix in TRAIN_MEMBERS.items():
+                    n = 0
+                    for line in _open_member(opened[name], found[name], f"{prefix}.{lang}"):
+                        n += 1
+                        yield line
+                    counts[(name, lang)] = n
+            _write(out / f"train.{lang}", lines())
+        for name, prefix in TRAIN_MEMBERS.items():
+            if counts[(name, "en")] != counts[(name, "de")]:
+                raise DataError(f"{found[name]}: {prefix}.en has {counts[(name, 'en')]} lines but {prefix}.de has "
+                                f"{counts[(name, 'de')]}")
+    finally:
+        for archive in opened.values():
+            archive.close()
+
+
+def sgm_segments(data: bytes, where: str) -> list[bytes]:
+    """The text of each <seg> of an SGML test set, entities unescaped, one line each."""
+    out = []
+    for number, raw in enumerate(data.decode("utf-8", errors="strict").splitlines(), start=1):
+        if "<seg" in raw:
+            match = SEGMENT.search(raw)
+            if match is None:
+                raise DataError(f"{where}:{number}: a <seg> without its </seg>")
+            out.append(html.unescape(match.group(1)).strip().encode("utf-8"))
+    return out
+
+
+def write_eval(found: dict[str, Path] | None, test_data: Path | None, out: Path, test_lines: int) -> None:
+    """out/valid.{en,de} (newstest2013) and out/test.{en,de} (newstest2014), checked to have `test_lines` lines."""
+    for lang in LANGS:
+        if test_data is not None:
+            for split, name in (("valid", "newstest2013"), ("test", "newstest2014")):
+                src = test_data / f"{name}.{lang}"
+                if not src.is_file():
+                    raise DataError(f"{src}: no such file (TEST_DATA must hold newstest2013/2014.{{en,de}})")
+                _write(out / f"{split}.{lang}", src.read_bytes().splitlines())
+        else:
+            assert found is not None
+            name, prefix = VALID_MEMBER
+            with _members(found[name], [f"{prefix}.{lang}"]) as archive:
+                valid = _open_member(archive, found[name], f"{prefix}.{lang}").read()
+                _write(out / f"valid.{lang}", valid.splitlines())
+            member = TEST_MEMBERS[lang]
+            with _members(found["test-full.tgz"], [member]) as archive:
+                data = _open_member(archive, found["test-full.tgz"], member).read()
+            _write(out / f"test.{lang}", sgm_segments(data, f"{found['test-full.tgz']}:{member}"))
+        lines = sum(1 for _ in open(out / f"test.{lang}", "rb"))
+        if lines != test_lines:
+            where = (test_data / f"newstest2014.{lang}" if test_data
+                     else f"{found['test-full.tgz']}:{TEST_MEMBERS[lang]}")
+            (out / f"test.{lang}").unlink()
+            raise DataError(f"{where}: newstest2014 has {lines} segments, expected {test_lines}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="folder for train/valid/test.{en,de}")
+    parser.add_argument("--archives", type=Path, help="folder holding the five .tgz files (else download)")
+    parser.add_argument("--test-data", type=Path, help="folder with plain newstest2013/2014.{en,de}")
+    parser.add_argument("--test-lines", type=int, default=3003, help="segments newstest2014 must have")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / ".done").unlink(missing_ok=True)
+    try:
+        found = fetch_archives(args.archives or None, args.out / "orig")
+        write_train(found, args.out)
+        write_eval(found, args.test_data or None, args.out, args.test_lines)
+    except DataError as e:
+        print(f"wmt14 data: error: {e}", file=sys.stderr)
+        return 2
+    (args.out / ".done").touch()
+    print(f"wmt14 data: wrote {args.out}/{{train,valid,test}}.{{en,de}}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
