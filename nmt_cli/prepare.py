@@ -167,10 +167,10 @@ def _binarize_job(job: tuple[list[str], list[str], int | None]):
 class _Stages:
     """Timing, lines and peak memory of each stage, with a progress bar per stage."""
 
-    def __init__(self, quiet: bool, on_stage: Callable[[dict], None] | None) -> None:
+    def __init__(self, quiet: bool, on_stage: Callable[[dict], None] | None, staging: Path) -> None:
         self.progress = Progress(TextColumn("{task.description:<18}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[unit]}"), TimeElapsedColumn(), disable=quiet)
-        self.on_stage, self.records = on_stage, []
+        self.on_stage, self.records, self.staging = on_stage, [], staging
         self.task, self.start, self.name = None, 0.0, ""
 
     def begin(self, name: str, total: int | None, unit: str = "lines") -> None:
@@ -185,7 +185,8 @@ class _Stages:
         usage = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                     resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
         record = {"stage": self.name, "seconds": time.perf_counter() - self.start, "lines": done,
-                  "peak_rss_mb": usage / 1024}
+                  "peak_rss_mb": usage / 1024,
+                  "disk_mb": sum(p.stat().st_size for p in self.staging.rglob("*") if p.is_file()) / 2**20}
         self.records.append(record)
         if self.on_stage:
             self.on_stage(record)
@@ -251,13 +252,13 @@ def prepare(opts: PrepareOptions, on_stage: Callable[[dict], None] | None = None
     tokenizer = {"name": "moses", "escape": False, "aggressive_dash_splits": True,
                  "normalize_punctuation": opts.normalize}
     with _staging(out) as staging:
-        stages = _Stages(opts.quiet, on_stage)
+        stages = _Stages(opts.quiet, on_stage, staging)
         with stages.progress:
             work = staging / ".work"
             work.mkdir()
             tokenized, counts = _tokenize(inputs, work, staging, opts, stages)
             stages.begin("learn BPE", opts.bpe_merges, unit="merges")
-            codes = text.learn_bpe(counts, opts.bpe_merges)
+            codes = text.learn_bpe(counts, opts.bpe_merges, on_merge=lambda _: stages.advance(1))
             del counts
             stages.end(len(codes.splitlines()) - 1)
             meta = _segment_and_binarize(tokenized, staging, codes, opts, stages, tokenizer, inputs)
@@ -271,7 +272,7 @@ def binarize_segmented(opts: PrepareOptions, codes: str) -> dict:
     inputs = _split_inputs(opts)
     tokenizer = {"name": "moses", "escape": False, "aggressive_dash_splits": True, "normalize_punctuation": False}
     with _staging(out) as staging:
-        stages = _Stages(opts.quiet, None)
+        stages = _Stages(opts.quiet, None, staging)
         with stages.progress:
             meta = _segment_and_binarize(inputs, staging, None, opts, stages, tokenizer, inputs, stored_codes=codes)
         _finish(staging, out, meta)

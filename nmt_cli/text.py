@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import io
 import re
 from collections import Counter
+from collections.abc import Callable
 from functools import lru_cache
 
 from sacremoses import MosesDetokenizer, MosesPunctNormalizer, MosesTokenizer
 from subword_nmt.apply_bpe import BPE
-from subword_nmt.learn_bpe import learn_bpe as _subword_learn_bpe
 
 BPE_SEPARATOR = "@@"
 
@@ -50,13 +49,15 @@ def remove_bpe(line: str) -> str:
     return (line + " ").replace(BPE_SEPARATOR + " ", "").rstrip()
 
 
-def learn_bpe(word_counts: Counter[str], merges: int, min_frequency: int = 2) -> str:
-    """Learn `merges` BPE merge operations from word counts; return the codes file text."""
-    dictionary = io.StringIO("".join(f"{w} {c}\n" for w, c in sorted(word_counts.items())))
-    out = io.StringIO()
-    with contextlib.redirect_stderr(io.StringIO()):  # subword-nmt draws its own tqdm bar
-        _subword_learn_bpe(dictionary, out, merges, min_frequency=min_frequency, is_dict=True)
-    return out.getvalue()
+def learn_bpe(word_counts: Counter[str], merges: int, min_frequency: int = 2,
+              on_merge: Callable[[int], None] | None = None) -> str:
+    """Learn `merges` BPE merge operations from word counts; return the codes file text.
+
+    The codes are byte-identical to subword-nmt's `learn-bpe --dict-input` on the same counts (see bpe.py).
+    """
+    from .bpe import learn_bpe_codes
+
+    return learn_bpe_codes(word_counts, merges, min_frequency, on_merge)
 
 
 class BpeApplier:

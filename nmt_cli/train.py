@@ -188,8 +188,9 @@ class JsonLog:
         self.file = open(path, "a", encoding="utf-8") if path else None
 
     def write(self, record: dict) -> None:
+        """One record, stamped with the wall-clock time (Unix seconds)."""
         if self.file:
-            self.file.write(json.dumps(record) + "\n")
+            self.file.write(json.dumps({**record, "time": round(time.time(), 3)}) + "\n")
             self.file.flush()
 
     def close(self) -> None:
