@@ -123,13 +123,16 @@ def validate(loss_module: TranslationLoss, corpus, batches, vocab, precision: st
     """Validation loss (label-smoothed), NLL and perplexity over the whole split, summed over processes."""
     was_training = loss_module.training
     loss_module.eval()
-    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss, nll, tokens: read once at the end
+    totals = torch.zeros(2, dtype=torch.float64, device=device)  # loss, nll: read once at the end
+    ntokens = 0
     for indices in batches[ctx.rank :: ctx.world_size]:
         batch = collate(corpus, indices, vocab).to(device)
         with autocast_context(precision, device):
             loss, nll = loss_module(batch.src, batch.prev_output, batch.target_index, batch.target, with_nll=True)
-        totals += torch.stack([loss.double(), nll.double(), loss.new_tensor(batch.ntokens, dtype=torch.float64)])
-    loss, nll, ntokens = D.all_reduce_sum(totals, ctx, device)
+        totals += torch.stack([loss, nll]).double()
+        ntokens += batch.ntokens
+    counts = torch.cat([totals, torch.full((1,), ntokens, dtype=torch.float64, device=device)])
+    loss, nll, ntokens = D.all_reduce_sum(counts, ctx, device)
     loss_module.train(was_training)
     return {"valid_loss": loss / ntokens, "valid_nll": nll / ntokens, "valid_ppl": math.exp(nll / ntokens)}
 
@@ -243,7 +246,8 @@ def train_step(runner: nn.Module, model: Transformer, micro: list[Batch], optimi
     norm, once per update (it is the all-reduced gradient, so every process decides alike).
     """
     local_tokens = sum(b.ntokens for b in micro)
-    global_tokens = torch.tensor(float(local_tokens), dtype=torch.float64, device=device)
+    # Filled on the device (torch.tensor would copy from pageable host memory, which waits for the stream).
+    global_tokens = torch.full((), local_tokens, dtype=torch.float64, device=device)
     if ctx.enabled:
         dist.all_reduce(global_tokens)  # stays on the device: no host read
     factor = (ctx.world_size / global_tokens).float()

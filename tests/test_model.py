@@ -158,3 +158,15 @@ def test_first_step_on_one_row_per_sentence_then_fanned_out():
         rest = [model.logits(model.decode_step(prev[:, t], narrow)) for t in range(1, 4)]
     torch.testing.assert_close(first.repeat_interleave(beam, 0), expected[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(torch.stack(rest), torch.stack(expected[1:]), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_loss_and_nll_in_one_pass_match_cross_entropy(smoothing):
+    """Validation's single pass gives the label-smoothed loss and the NLL of the same logits."""
+    torch.manual_seed(1)
+    hidden, weight = torch.randn(300, 16), torch.randn(50, 16)
+    target = torch.randint(0, 50, (300,))
+    loss, nll = ops.linear_cross_entropy_and_nll(hidden, weight, target, smoothing, chunk=64)
+    logits = hidden @ weight.t()
+    torch.testing.assert_close(loss, F.cross_entropy(logits, target, label_smoothing=smoothing, reduction="sum"))
+    torch.testing.assert_close(nll, F.cross_entropy(logits, target, reduction="sum"))

@@ -154,3 +154,65 @@ def test_help_lists_every_subcommand():
     out = run_cli("--help").output
     for command in ("prepare", "learn-bpe", "apply-bpe", "binarize", "train", "average", "translate", "score"):
         assert command in out
+
+
+def test_punctuation_normalization_recorded_and_applied_by_translate(tmp_path, toy_model):
+    """--normalize-punctuation runs Moses' normalizer (and drops non-printing characters) before tokenizing;
+    meta.json records it, and a model trained on the data applies the same to its input."""
+    from nmt_cli.text import normalize_punctuation
+    from nmt_cli.translate import Translator
+
+    raw = tmp_path / "raw"
+    write_task(raw / "train", 60, seed=1)
+    write_task(raw / "val", 6, seed=2)
+    lines = (raw / "val.en").read_text(encoding="utf-8").splitlines()
+    lines[0] = "„W1 w2“ – w3\u200b w4 ,w5."  # curly quotes, an en dash, a zero-width space
+    (raw / "val.en").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    plain = _prepare(raw, tmp_path / "plain", workers=1)
+    normalized = _prepare(raw, tmp_path / "norm", workers=1, normalize=True)
+    assert plain["tokenizer"]["normalize_punctuation"] is False
+    assert normalized["tokenizer"]["normalize_punctuation"] is True
+    bpe_plain = (tmp_path / "plain" / "valid.bpe.en").read_text(encoding="utf-8").splitlines()[0]
+    bpe_norm = (tmp_path / "norm" / "valid.bpe.en").read_text(encoding="utf-8").splitlines()[0]
+    assert "„" in bpe_plain and "„" not in bpe_norm and "\u200b" not in bpe_norm
+    assert normalize_punctuation(lines[0], "en").startswith('"W1 w2"')
+    # raw valid text stays as given (it is the BLEU reference)
+    assert (tmp_path / "norm" / "valid.raw.en").read_text(encoding="utf-8").splitlines()[0] == lines[0]
+
+    translator = Translator.from_checkpoint(toy_model)
+    assert translator.normalize is False
+    translator.normalize = True
+    assert translator.encode([lines[0]]) == translator.encode([normalize_punctuation(lines[0], "en")])
+
+
+def test_valid_pairs_longer_than_the_model_are_dropped_from_the_binarized_split(tmp_path):
+    raw = tmp_path / "raw"
+    write_task(raw / "train", 60, seed=1)
+    write_task(raw / "val", 6, seed=2)
+    en = (raw / "val.en").read_text(encoding="utf-8").splitlines()
+    en[2] = " ".join(["w1"] * 1100)  # more pieces than the model's 1024 positions
+    (raw / "val.en").write_text("\n".join(en) + "\n", encoding="utf-8")
+    meta = _prepare(raw, tmp_path / "d", workers=1)
+    assert meta["splits"]["valid"]["dropped_too_long"] == 1 and meta["splits"]["valid"]["sentences"] == 5
+    data = DataDir.open(tmp_path / "d")
+    assert len(data.split("valid")) == 5 and max(data.split("valid").src.sizes) < 1024
+    assert len((tmp_path / "d" / "valid.raw.en").read_text(encoding="utf-8").splitlines()) == 6  # all, for BLEU
+
+
+def test_ordered_map_keeps_order_and_reads_its_input_only_a_window_ahead():
+    """prepare's stages stream: at most workers x 3 chunks are read ahead of the results consumed."""
+    from nmt_cli.workers import ordered_map
+
+    consumed = []
+
+    def jobs():
+        for i in range(40):
+            consumed.append(i)
+            yield i
+
+    out = []
+    for result in ordered_map(abs, jobs(), workers=2):
+        assert len(consumed) - len(out) <= 2 * 3
+        out.append(result)
+    assert out == list(range(40))
+    assert list(ordered_map(abs, iter([-1, -2]), workers=1)) == [1, 2]

@@ -136,3 +136,86 @@ def test_eval_bleu_and_patience(toy_data, tmp_path):
     valid = [json.loads(x) for x in (save / "train.jsonl").read_text().splitlines() if '"valid"' in x]
     assert len(valid) == 3 and all("valid_bleu" in v for v in valid)
     assert summary["best"] == valid[0]["valid_bleu"]
+
+
+def test_one_host_read_per_update_not_per_micro_batch(toy_data, monkeypatch):
+    """train_step over 4 micro-batches reads a device value on the host once (the gradient-norm check):
+    losses and token counts stay on the device until the log interval."""
+    from nmt_cli import distributed as D
+    from nmt_cli.data import DataDir, collate, make_batches
+    from nmt_cli.model import Transformer, make_config
+    from nmt_cli.train import TranslationLoss, train_step
+
+    data = DataDir.open(toy_data)
+    corpus = data.split("train")
+    groups = make_batches(corpus.src.sizes, corpus.tgt.sizes, 256, 1)[:4]
+    micro = [collate(corpus, g, data.vocab) for g in groups]
+    model = Transformer(make_config("tiny", len(data.vocab)))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    reads = []
+    for name in ("item", "tolist", "__float__", "__int__", "__bool__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _name=name, _original=original, **kw):
+            caller = sys._getframe(1).f_code.co_filename
+            if "nmt_cli" in caller:  # reads of ours (torch's CPU Adam reads its CPU step counters itself)
+                reads.append(f"{_name} in {Path(caller).name}:{sys._getframe(1).f_lineno}")
+            return _original(self, *a, **kw)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    before = [p.detach().clone() for p in model.parameters()]
+    loss, tokens = train_step(TranslationLoss(model, 0.1), model, micro, optimizer, scaler,
+                              _opts(toy_data, Path(".")), D.DistContext(), torch.device("cpu"))
+    monkeypatch.undo()
+    assert len(reads) == 1, reads
+    assert int(tokens) == sum(b.ntokens for b in micro) and float(loss) > 0
+    assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+
+
+def test_non_finite_gradient_skips_the_update(toy_data):
+    from nmt_cli import distributed as D
+    from nmt_cli.data import DataDir, collate, make_batches
+    from nmt_cli.model import Transformer, make_config
+    from nmt_cli.train import TranslationLoss, train_step
+
+    data = DataDir.open(toy_data)
+    corpus = data.split("train")
+    micro = [collate(corpus, make_batches(corpus.src.sizes, corpus.tgt.sizes, 256, 1)[0], data.vocab)]
+    model = Transformer(make_config("tiny", len(data.vocab)))
+    model.encoder[0].feed_forward.w1.weight.register_hook(lambda g: g * float("nan"))  # finite loss, NaN gradient
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    before = [p.detach().clone() for p in model.parameters()]
+    loss, tokens = train_step(TranslationLoss(model, 0.1), model, micro, optimizer,
+                              torch.amp.GradScaler("cpu", enabled=False), _opts(toy_data, Path(".")),
+                              D.DistContext(), torch.device("cpu"))
+    assert torch.isfinite(loss) and tokens is None
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    assert not optimizer.state  # Adam's moments untouched too
+
+
+def test_numbered_checkpoints_at_epoch_ends_without_an_interval(toy_data, tmp_path):
+    save = tmp_path / "ck"
+    summary = train(_opts(toy_data, save, max_epochs=0, max_updates=30, max_tokens=2048, keep_last=0))
+    log = [json.loads(x) for x in (save / "train.jsonl").read_text().splitlines()]
+    epoch_ends = [r["update"] for r in log if r["event"] == "valid"][:-1]  # the last validation is the stop's
+    numbered = sorted(int(p.stem.split("_")[1]) for p in save.glob("checkpoint_[0-9]*.pt"))
+    assert numbered == epoch_ends and summary["updates"] == 30 and 30 not in numbered
+    assert len(set(b - a for a, b in zip(numbered, numbered[1:]))) == 1  # equal spacing
+
+
+def test_prefetch_keeps_order_and_raises_worker_errors():
+    from nmt_cli.data import prefetch
+
+    assert list(prefetch(lambda x: x * 2, range(5), pin=False)) == [0, 2, 4, 6, 8]
+
+    def broken(x):
+        if x == 3:
+            raise ValueError("bad batch")
+        return x
+
+    got = []
+    with pytest.raises(ValueError, match="bad batch"):
+        for x in prefetch(broken, range(5), pin=False):
+            got.append(x)
+    assert got == [0, 1, 2]
