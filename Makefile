@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: install test lint bench
+.PHONY: install test lint bench bench-scale bench-gpu
 install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,13 @@ lint: install
 
 bench: install
 	$(BIN)/python benchmarks/run_all.py
+
+PAIRS ?= 4500000
+bench-scale: install   # prepare + train start-up at WMT14 size (about 30 minutes at 4.5M pairs on 2 cores)
+	$(BIN)/python benchmarks/scale.py --pairs $(PAIRS)
+
+bench-gpu: install     # base and big on all GPUs under torchrun (needs CUDA; `--estimate` runs anywhere)
+	$(BIN)/python benchmarks/gpu.py
 
 include recipes/multi30k.mk
 include recipes/wmt14.mk

@@ -9,6 +9,7 @@ counting pieces) -> vocabulary -> binarize.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -279,20 +280,16 @@ def binarize_segmented(opts: PrepareOptions, codes: str) -> dict:
     return meta
 
 
-class _staging:
+@contextlib.contextmanager
+def _staging(out: Path) -> Iterator[Path]:
     """A temporary directory beside `out`, removed unless it was renamed into place."""
-
-    def __init__(self, out: Path) -> None:
-        self.out = out
-
-    def __enter__(self) -> Path:
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        self.path = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.", suffix=".tmp", dir=self.out.parent))
-        return self.path
-
-    def __exit__(self, *exc) -> None:
-        if self.path.exists():
-            shutil.rmtree(self.path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        yield path
+    finally:
+        if path.exists():
+            shutil.rmtree(path)
 
 
 def _finish(staging: Path, out: Path, meta: dict) -> None:

@@ -358,7 +358,7 @@ def train(opts: TrainOptions) -> dict:
             mine = epoch_batches[ctx.rank :: ctx.world_size][:per_rank]
             groups = [mine[i : i + opts.update_freq] for i in range(progress["batch_pos"], len(mine), opts.update_freq)]
             # The next group is collated (and pinned) on a background thread while this one runs.
-            with closing(prefetch(make_group, groups, pin)) as stream:
+            with closing(prefetch(make_group, groups, pin, background=device.type == "cuda")) as stream:
                 for micro in stream:
                     micro = [b.to(device, non_blocking=pin) for b in micro]
                     lr = inverse_sqrt_lr(progress["updates"] + 1, config.d_model, opts.warmup, opts.lr_scale)
