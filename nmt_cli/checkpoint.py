@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
 import pickle
 import re
 import zipfile
@@ -15,14 +17,49 @@ from .model import ModelConfig, Transformer
 from .textio import atomic_path
 from .vocab import Vocabulary
 
-FORMAT = "nmt-checkpoint-1"
+FORMAT = "nmt-checkpoint-2"  # 2: carries the SHA-256 of its payload; 1 (no checksum) still loads
+FORMATS = ("nmt-checkpoint-1", FORMAT)
 NUMBERED = re.compile(r"checkpoint_(\d+)\.pt$")
 
 
+def payload_digest(obj) -> str:
+    """SHA-256 over a checkpoint's contents in a fixed order: dict keys sorted, tensors by dtype, shape and bytes."""
+    digest = hashlib.sha256()
+
+    def visit(x) -> None:
+        if isinstance(x, torch.Tensor):
+            t = x.detach().cpu().contiguous()
+            digest.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        elif isinstance(x, dict):
+            digest.update(b"{")
+            for key in sorted(x, key=repr):
+                digest.update(repr(key).encode())
+                visit(x[key])
+            digest.update(b"}")
+        elif isinstance(x, (list, tuple)):
+            digest.update(b"[")
+            for item in x:
+                visit(item)
+            digest.update(b"]")
+        else:
+            digest.update(repr(x).encode())
+
+    visit(obj)
+    return digest.hexdigest()
+
+
 def save_checkpoint(state: dict, path: str | Path) -> None:
-    """Write `state` to `path` through a temporary file, so a crash never leaves a truncated checkpoint."""
+    """Write `state` (with its checksum) through a temporary file that is flushed to disk and renamed, so a
+    crash or a power cut never leaves a truncated checkpoint; a full disk is one NmtError, the old file kept."""
+    payload = {**state, "format": FORMAT}
+    payload.pop("sha256", None)
+    payload["sha256"] = payload_digest(payload)
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
     with atomic_path(path) as tmp:
-        torch.save({"format": FORMAT, **state}, tmp)
+        with open(tmp, "wb") as f:
+            f.write(buffer.getbuffer())
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
@@ -30,13 +67,20 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     path = Path(path)
     if not path.exists():
         raise NmtError(f"{path}: no such checkpoint")
+    if path.is_dir():
+        raise NmtError(f"{path}: is a directory, expected a checkpoint file")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
-    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, OSError) as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise NmtError(f"{path}: not a readable checkpoint (corrupt or truncated: {reason[:120]})") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
+    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, OSError,
+            AttributeError, TypeError, KeyError, IndexError, MemoryError) as e:
+        reason = " ".join(str(e).split())[:120] or type(e).__name__
+        raise NmtError(f"{path}: not a readable checkpoint (corrupt or truncated: {reason})") from None
+    if not isinstance(state, dict) or state.get("format") not in FORMATS:
         raise NmtError(f"{path}: not an nmt checkpoint")
+    if state["format"] != FORMATS[0]:
+        stored = state.pop("sha256", None)
+        if stored != payload_digest(state):
+            raise NmtError(f"{path}: checksum mismatch: the file is corrupt (bytes changed since it was written)")
     return state
 
 

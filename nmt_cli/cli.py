@@ -86,7 +86,7 @@ def learn_bpe_cmd(
     output: Annotated[Path, typer.Option("--output", "-o", help="Codes file to write.")] = Path("bpe.codes"),
     min_frequency: Annotated[int, typer.Option(help="Stop when the best pair is rarer than this.")] = 2,
 ) -> None:
-    """Learn joint BPE codes from already tokenized text (subword-nmt)."""
+    """Learn joint BPE codes from already tokenized text (the codes subword-nmt learns, faster)."""
     from .text import learn_bpe
     from .textio import atomic_path, iter_lines
 
@@ -202,6 +202,7 @@ def train_cmd(
     """Train the Transformer (single process, or one per GPU/CPU under torchrun); resumes from checkpoint_last.pt."""
     import torch
 
+    from .runstate import EXIT_CODES
     from .train import TrainOptions, train
 
     if threads:
@@ -215,7 +216,18 @@ def train_cmd(
         eval_bleu=eval_bleu, patience=patience, lr_scale=lr_scale, warmup=warmup, label_smoothing=label_smoothing,
         clip_norm=clip_norm, log_interval=log_interval, quiet=quiet)
     summary = train(opts)
-    if not quiet and int(os.environ.get("RANK", "0")) == 0:
+    main_process = int(os.environ.get("RANK", "0")) == 0
+    if summary["reason"] == "already_finished":
+        if main_process:
+            err.print(f"nothing to do: {save_dir} already finished ({summary['finished_by']}, "
+                      f"{summary['updates']} updates); raise that limit to train further", highlight=False)
+        return
+    if summary["reason"] in EXIT_CODES:
+        if main_process:
+            err.print(f"stopped by {summary['reason']} after update {summary['updates']}; "
+                      f"{save_dir / 'checkpoint_last.pt'} saved (run the same command to resume)", highlight=False)
+        raise typer.Exit(EXIT_CODES[summary["reason"]])
+    if not quiet and main_process:
         err.print(f"stopped ({summary['reason']}) after {summary['updates']} updates, "
                   f"{summary['elapsed']:.0f} s; best {summary['best']}")
 

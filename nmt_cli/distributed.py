@@ -65,6 +65,14 @@ def all_reduce_sum(values: list[float] | torch.Tensor, ctx: DistContext, device:
     return t.tolist()
 
 
+def all_reduce_max(values: list[float], ctx: DistContext, device: torch.device) -> list[float]:
+    """The element-wise maximum of a few numbers over all processes."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if ctx.enabled:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
 def gather_objects(obj, ctx: DistContext) -> list:
     """Every process's `obj`, in rank order (on every process)."""
     if not ctx.enabled:

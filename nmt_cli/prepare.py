@@ -29,7 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from . import text
 from .data import BinarizedWriter, token_dtype
 from .errors import NmtError
-from .textio import apply_default_mode, file_sha256, iter_lines
+from .textio import apply_default_mode, file_sha256, fsync_path, iter_lines, remove_temporaries, temporary_prefix
 from .vocab import Vocabulary
 from .workers import ordered_map
 
@@ -283,8 +283,12 @@ def binarize_segmented(opts: PrepareOptions, codes: str) -> dict:
 @contextlib.contextmanager
 def _staging(out: Path) -> Iterator[Path]:
     """A temporary directory beside `out`, removed unless it was renamed into place."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    path = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise NmtError(f"{out}: cannot write here ({out.parent} is not a directory)") from None
+    remove_temporaries(out.parent, out.name)  # staging directories of killed runs
+    path = Path(tempfile.mkdtemp(prefix=temporary_prefix(out), suffix=".tmp", dir=out.parent))
     try:
         yield path
     finally:
@@ -296,9 +300,15 @@ def _finish(staging: Path, out: Path, meta: dict) -> None:
     shutil.rmtree(staging / ".work", ignore_errors=True)
     apply_default_mode(staging, directory=True)
     (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    if out.exists() or out.is_symlink():
-        shutil.rmtree(out) if out.is_dir() and not out.is_symlink() else out.unlink()
+    for path in staging.iterdir():
+        fsync_path(path)
+    fsync_path(staging, directory=True)
+    if out.is_symlink() or out.is_file():
+        out.unlink()  # --force onto a file or a symlink replaces the link, never what it points to
+    elif out.exists():
+        shutil.rmtree(out)
     os.replace(staging, out)
+    fsync_path(out.parent, directory=True)
 
 
 def _tokenize(inputs: dict[str, tuple[Path, Path]], work: Path, staging: Path, opts: PrepareOptions,

@@ -6,6 +6,7 @@ import contextlib
 import gzip
 import hashlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,18 +65,72 @@ def apply_default_mode(path: Path, directory: bool = False) -> None:
     os.chmod(path, (0o777 if directory else 0o666) & ~_UMASK)
 
 
+def fsync_path(path: Path, directory: bool = False) -> None:
+    """Flush a file's (or a directory's entries') data to the disk."""
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def temporary_prefix(path: Path) -> str:
+    """The name prefix of `path`'s temporary files and directories: `.NAME.PID.` (the pid tells a killed
+    run's leftovers from a running one's)."""
+    return f".{path.name}.{os.getpid()}."
+
+
+def remove_temporaries(folder: Path, name: str | None = None) -> None:
+    """Remove the `.NAME.PID.*.tmp` files and directories in `folder` (of `name`, or of any name) whose
+    process is gone: what killed runs left behind."""
+    if not folder.is_dir():
+        return
+    for entry in folder.glob(f".{name}.*.tmp" if name else ".*.tmp"):
+        parts = entry.name[: -len(".tmp")].rsplit(".", 2)
+        if len(parts) != 3 or not parts[1].isdigit() or (name is not None and parts[0] != f".{name}"):
+            continue
+        pid = int(parts[1])
+        if pid == os.getpid() or _alive(pid):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds."""
+    """Yield a temporary path beside `path`; only if the block succeeds, flush it to disk and rename it onto
+    `path` (then flush the directory), so neither a crash nor a power cut leaves a partial file under the
+    final name. A failed write (a full disk) is one NmtError naming `path`; the old file stays as it was."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise NmtError(f"{path}: cannot write here ({path.parent} is not a directory)") from None
+    if path.is_dir():
+        raise NmtError(f"{path}: is a directory, expected a file name")
+    fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(path), suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp_path = Path(tmp)
     try:
         yield tmp_path
         apply_default_mode(tmp_path)
+        fsync_path(tmp_path)
         os.replace(tmp_path, path)
+        fsync_path(path.parent, directory=True)
+    except OSError as e:
+        raise NmtError(f"{path}: cannot write ({e.strerror or e})") from None
     finally:
         if tmp_path.exists():
             tmp_path.unlink()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from contextlib import closing, nullcontext
 from dataclasses import asdict, dataclass
@@ -16,13 +17,25 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from . import TRAINING_KERNEL_CACHE, size_kernel_cache
+from . import TRAINING_KERNEL_CACHE, __version__, size_kernel_cache
 from . import distributed as D
 from .checkpoint import load_checkpoint, numbered_checkpoints, save_checkpoint
 from .data import Batch, DataDir, collate, make_batches, prefetch, shuffled
 from .errors import NmtError
 from .model import ModelConfig, Transformer, count_parameters, make_config
 from .ops import linear_cross_entropy, linear_cross_entropy_and_nll
+from .runstate import (
+    EXIT_CODES,
+    JsonLog,
+    SaveDirLock,
+    StopRequests,
+    TrainState,
+    Window,
+    plain_line,
+    rng_state,
+    set_rng_state,
+)
+from .textio import remove_temporaries
 
 
 @dataclass
@@ -104,19 +117,6 @@ def check_precision(precision: str, device: torch.device) -> None:
         raise NmtError("--precision bf16: this GPU does not support bfloat16; use fp16")
 
 
-def rng_state(device: torch.device) -> dict:
-    state = {"torch": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def set_rng_state(state: dict, device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
 @torch.no_grad()
 def validate(loss_module: TranslationLoss, corpus, batches, vocab, precision: str, device: torch.device,
              ctx: D.DistContext) -> dict:
@@ -155,24 +155,6 @@ def valid_bleu(model: Transformer, data: DataDir, device: torch.device, precisio
     return sacrebleu.corpus_bleu(hyps, [refs]).score
 
 
-def build_state(model: Transformer, data: DataDir, opt, scaler, progress: dict, rngs: list) -> dict:
-    """Everything a checkpoint holds: the self-contained model and the complete training state."""
-    return {
-        "model": model.state_dict(),
-        "config": model.config.to_dict(),
-        "vocab": data.vocab.symbols,
-        "bpe_codes": data.bpe_codes,
-        "source_lang": data.source_lang,
-        "target_lang": data.target_lang,
-        "tokenizer": data.meta.get("tokenizer", {}),
-        "optimizer": opt.state_dict(),
-        "scaler": scaler.state_dict(),
-        "rng": rngs,
-        "progress": dict(progress),
-        "updates": progress["updates"],
-    }
-
-
 def check_resume(state: dict, path: Path, config: ModelConfig, data: DataDir) -> None:
     """One-line errors when a checkpoint does not belong to this model or data."""
     if state["vocab"] != data.vocab.symbols:
@@ -184,21 +166,36 @@ def check_resume(state: dict, path: Path, config: ModelConfig, data: DataDir) ->
         raise NmtError(f"{path}: architecture differs from this command's ({', '.join(diffs)}); use another --save-dir")
 
 
-class JsonLog:
-    """Append JSON lines to train.jsonl (main process only)."""
-
-    def __init__(self, path: Path | None) -> None:
-        self.file = open(path, "a", encoding="utf-8") if path else None
-
-    def write(self, record: dict) -> None:
-        """One record, stamped with the wall-clock time (Unix seconds)."""
-        if self.file:
-            self.file.write(json.dumps({**record, "time": round(time.time(), 3)}) + "\n")
-            self.file.flush()
-
-    def close(self) -> None:
-        if self.file:
-            self.file.close()
+def check_options(opts: TrainOptions) -> None:
+    """One-line errors for numeric options outside their range, before anything is loaded."""
+    checks = [
+        ("--max-tokens", opts.max_tokens, opts.max_tokens >= 1, "at least 1"),
+        ("--update-freq", opts.update_freq, opts.update_freq >= 1, "at least 1"),
+        ("--max-updates", opts.max_updates, opts.max_updates >= 0, "0 (no limit) or more"),
+        ("--max-epochs", opts.max_epochs, opts.max_epochs >= 0, "0 (no limit) or more"),
+        ("--max-time", opts.max_time, opts.max_time >= 0, "0 (no limit) or more"),
+        ("--save-interval-updates", opts.save_interval_updates, opts.save_interval_updates >= 0, "0 (off) or more"),
+        ("--save-interval-minutes", opts.save_interval_minutes, opts.save_interval_minutes >= 0, "0 (off) or more"),
+        ("--keep-last", opts.keep_last, opts.keep_last >= 0, "0 (all) or more"),
+        ("--valid-interval", opts.valid_interval, opts.valid_interval >= 0, "0 (each epoch) or more"),
+        ("--patience", opts.patience, opts.patience >= 0, "0 (off) or more"),
+        ("--lr-scale", opts.lr_scale, opts.lr_scale > 0, "positive"),
+        ("--warmup", opts.warmup, opts.warmup >= 1, "at least 1"),
+        ("--label-smoothing", opts.label_smoothing, 0 <= opts.label_smoothing < 1, "in [0, 1)"),
+        ("--clip-norm", opts.clip_norm, opts.clip_norm >= 0, "0 (off) or more"),
+        ("--log-interval", opts.log_interval, opts.log_interval >= 1, "at least 1"),
+    ]
+    for name in ("layers", "d_model", "ffn", "heads"):
+        value = getattr(opts, name)
+        if value is not None:
+            checks.append((f"--{name.replace('_', '-')}", value, value >= 1, "at least 1"))
+    for name in ("dropout", "attention_dropout"):
+        value = getattr(opts, name)
+        if value is not None:
+            checks.append((f"--{name.replace('_', '-')}", value, 0 <= value < 1, "in [0, 1)"))
+    for flag, value, ok, wanted in checks:
+        if not ok or (isinstance(value, float) and not math.isfinite(value)):
+            raise NmtError(f"{flag} must be {wanted} (got {value})")
 
 
 def check_lengths(data: DataDir, splits: dict, config: ModelConfig) -> None:
@@ -208,31 +205,6 @@ def check_lengths(data: DataDir, splits: dict, config: ModelConfig) -> None:
         if longest + 1 > config.max_positions:  # + </s> (or <s>)
             raise NmtError(f"{data.path}: the {name} split has a sentence of {longest} tokens, more than the "
                            f"model's {config.max_positions} positions hold; re-run nmt prepare (--max-len)")
-
-
-class Window:
-    """Loss and token sums since the last log line, kept on the device until `read` (one host sync)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.reset(time.monotonic())
-
-    def reset(self, now: float) -> None:
-        self.loss = torch.zeros((), dtype=torch.float64, device=self.device)
-        self.global_tokens = torch.zeros((), dtype=torch.float64, device=self.device)
-        self.tokens, self.time = 0, now
-
-    def add(self, loss: torch.Tensor, tokens: int, global_tokens: torch.Tensor) -> None:
-        self.loss += loss
-        self.global_tokens += global_tokens
-        self.tokens += tokens
-
-    def read(self, now: float) -> dict:
-        """Mean loss per target token and target tokens/s (all processes) since the last read; resets."""
-        loss, global_tokens = torch.stack([self.loss, self.global_tokens]).tolist()
-        record = {"loss": loss / max(self.tokens, 1), "tgt_tokens_per_s": global_tokens / max(now - self.time, 1e-9)}
-        self.reset(now)
-        return record
 
 
 def train_step(runner: nn.Module, model: Transformer, micro: list[Batch], optimizer, scaler, opts: TrainOptions,
@@ -278,184 +250,306 @@ def train_step(runner: nn.Module, model: Transformer, micro: list[Batch], optimi
     return update_loss, None if skipped else global_tokens
 
 
+class Trainer:
+    """One training run. `run` loops over updates; each goes through `step` (the update), then `should_stop`
+    and `validate_and_save` (the bookkeeping), so no kind of update can skip the bookkeeping (fairseq's
+    `train_step` / `validate_and_save` / `should_stop` split)."""
+
+    def __init__(self, opts: TrainOptions) -> None:
+        check_options(opts)
+        self.opts = opts
+        self.device = device = D.resolve_device(opts.device, int(os.environ.get("LOCAL_RANK", "0")))
+        check_precision(opts.precision, device)
+        self.data = data = DataDir.open(opts.data)
+        self.config = config = make_config(
+            opts.arch, len(data.vocab), pad=data.vocab.pad, layers=opts.layers, d_model=opts.d_model, ffn=opts.ffn,
+            heads=opts.heads, dropout=opts.dropout, attention_dropout=opts.attention_dropout, pre_norm=opts.pre_norm)
+        self.save_dir = Path(opts.save_dir)
+        if self.save_dir.exists() and not self.save_dir.is_dir():
+            raise NmtError(f"{self.save_dir}: not a directory (--save-dir)")
+        self.last_path = self.save_dir / "checkpoint_last.pt"
+        resume = load_checkpoint(self.last_path) if self.last_path.exists() else None
+        if resume is not None:
+            check_resume(resume, self.last_path, config, data)
+        self.resumed = resume is not None
+
+        self.ctx = ctx = D.init_distributed(device)
+        torch.manual_seed(opts.seed)
+        self.model = model = Transformer(config).to(device)
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=opts.precision == "fp16")
+        self.state = TrainState(world_size=ctx.world_size)
+        if resume is not None:
+            model.load_state_dict(resume["model"])
+            self.optimizer.load_state_dict(resume["optimizer"])
+            self.scaler.load_state_dict(resume["scaler"])
+            self.state = TrainState.from_dict(resume["progress"])
+            rngs = resume["rng"]
+            set_rng_state(rngs[ctx.rank] if len(rngs) == ctx.world_size else rngs[0], device)
+            self.state.rescale(ctx.world_size)
+
+        self.train_corpus, self.valid_corpus = data.split("train"), data.split("valid")
+        check_lengths(data, {"train": self.train_corpus, "valid": self.valid_corpus}, config)
+        self.batches = make_batches(self.train_corpus.src.sizes, self.train_corpus.tgt.sizes, opts.max_tokens,
+                                    opts.seed)
+        self.valid_batches = make_batches(self.valid_corpus.src.sizes, self.valid_corpus.tgt.sizes, opts.max_tokens,
+                                          opts.seed)
+        if len(self.batches) < ctx.world_size:
+            raise NmtError(f"{data.path}: {len(self.batches)} training batches cannot feed {ctx.world_size} processes")
+        self.loss_module = TranslationLoss(model, opts.label_smoothing)
+        if ctx.enabled:
+            ids = [device.index] if device.type == "cuda" else None
+            # The only buffer (sinusoidal positions) is a constant: no need to broadcast it every step.
+            self.runner: nn.Module = DistributedDataParallel(self.loss_module, device_ids=ids, broadcast_buffers=False)
+        else:
+            self.runner = self.loss_module
+        self.runner.train()
+        # Numbered checkpoints (what `nmt average --last N` reads) come from one regular schedule only: the
+        # update or minute interval when one is given, else epoch ends. Other saves update checkpoint_last.pt.
+        self.interval_given = opts.save_interval_updates > 0 or opts.save_interval_minutes > 0
+        self.window = Window(device)
+        self.stops = StopRequests()
+        self.log = JsonLog(None)
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> dict:
+        """Train until a stop condition; return the final progress record (with `reason`)."""
+        opts, ctx, state = self.opts, self.ctx, self.state
+        if ctx.is_main:
+            self.save_dir.mkdir(parents=True, exist_ok=True)
+        with SaveDirLock(self.save_dir) if ctx.is_main else nullcontext(), self.stops:
+            if ctx.is_main:
+                remove_temporaries(self.save_dir)  # left by killed runs; the lock says none is running
+                (self.save_dir / "options.json").write_text(json.dumps(asdict(opts), default=str, indent=2) + "\n")
+            self.log = JsonLog(self.save_dir / "train.jsonl" if ctx.is_main else None)
+            finished = self.finished_reason()
+            if finished is not None:
+                summary = {"event": "end", "reason": "already_finished", "finished_by": finished, **state.to_dict()}
+                self.log.write(summary)
+                self.log.close()
+                D.shutdown(ctx)
+                return summary
+            self.log.write({"event": "start", "resumed_at": state.updates if self.resumed else None,
+                            "parameters": count_parameters(self.model), "config": self.config.to_dict(),
+                            "world_size": ctx.world_size, "device": str(self.device), "precision": opts.precision})
+            self.start = time.monotonic() - state.elapsed
+            self.last_interval_save = time.monotonic()
+            reason = None
+            # A terminal gets a live bar; a log file (nohup, SLURM, `> log`) gets plain timestamped lines.
+            self.plain = ctx.is_main and not opts.quiet and not sys.stdout.isatty()
+            if self.plain:
+                plain_line(f"nmt {__version__}: {' '.join(sys.argv)}")
+                plain_line(f"{count_parameters(self.model):,} parameters, {ctx.world_size} process(es) on "
+                           f"{self.device}, {opts.precision}; "
+                           + (f"resuming at update {state.updates}" if self.resumed else "starting") + "; config "
+                           + json.dumps({k: v for k, v in asdict(opts).items() if k not in ("quiet",)}, default=str))
+            bar = Progress(TextColumn("[bold]train[/]"), BarColumn(), TextColumn("{task.fields[status]}"),
+                           TimeElapsedColumn(), TimeRemainingColumn(),
+                           disable=opts.quiet or not ctx.is_main or self.plain)
+            with bar:
+                self.bar, self.task = bar, bar.add_task("train", total=opts.max_updates or None,
+                                                        completed=state.updates, status="")
+                while reason is None:
+                    reason = self.run_epoch()
+            summary = {"event": "end", "reason": reason, **state.to_dict()}
+            self.log.write(summary)
+            self.log.close()
+        D.shutdown(ctx)
+        return summary
+
+    def run_epoch(self) -> str | None:
+        """The rest of the current epoch (or until a stop); returns the stop reason, if any."""
+        opts, ctx, state = self.opts, self.ctx, self.state
+        epoch_batches = shuffled(self.batches, opts.seed, state.epoch)
+        per_rank = len(epoch_batches) // ctx.world_size
+        mine = epoch_batches[ctx.rank :: ctx.world_size][:per_rank]
+        groups = [mine[i : i + opts.update_freq] for i in range(state.batch_pos, len(mine), opts.update_freq)]
+        pin = self.device.type == "cuda"
+
+        def make_group(group: list) -> list[Batch]:
+            return [collate(self.train_corpus, idx, self.data.vocab) for idx in group]
+
+        # On CUDA the next group is collated (and pinned) on a background thread while this one runs.
+        with closing(prefetch(make_group, groups, pin, background=pin)) as stream:
+            for micro in stream:
+                reason = self.step([b.to(self.device, non_blocking=pin) for b in micro], len(mine))
+                if reason is not None:
+                    return reason
+        return None
+
+    def step(self, micro: list[Batch], batches_in_epoch: int) -> str | None:
+        """One update and its bookkeeping; returns the stop reason, if any."""
+        opts, state = self.opts, self.state
+        lr = inverse_sqrt_lr(state.updates + 1, self.config.d_model, opts.warmup, opts.lr_scale)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        loss, global_tokens = train_step(self.runner, self.model, micro, self.optimizer, self.scaler, opts,
+                                         self.ctx, self.device)
+        skipped = global_tokens is None
+        state.batch_pos += len(micro)
+        end_of_epoch = state.batch_pos >= batches_in_epoch
+        if end_of_epoch:
+            state.epoch += 1
+            state.batch_pos = 0
+        if skipped:
+            # Weights, optimizer and schedule untouched; the bookkeeping below still runs (an epoch end stays one).
+            self.log.write({"event": "skipped", "update": state.updates + 1, "reason": "non-finite gradients",
+                            "loss_scale": self.scaler.get_scale() if self.scaler.is_enabled() else None})
+        else:
+            state.updates += 1
+            self.window.add(loss, sum(b.ntokens for b in micro), global_tokens)
+        now = time.monotonic()
+        state.elapsed = now - self.start
+        time_up, save_due, signalled = self.shared_flags(now)
+        reason = self.should_stop(end_of_epoch, time_up, signalled)
+        if not skipped and (state.updates % opts.log_interval == 0 or reason is not None):
+            self.log_train(lr, now, end_of_epoch)
+        self.bar.update(self.task, completed=state.updates)
+        return self.validate_and_save(end_of_epoch, skipped, save_due, reason)
+
+    def shared_flags(self, now: float) -> tuple[bool, bool, str | None]:
+        """Time limit reached, minute interval due, stop signal received: decided alike by every process."""
+        opts = self.opts
+        signal_code = {"SIGTERM": 1.0, "SIGINT": 2.0}.get(self.stops.requested or "", 0.0)
+        save_due = opts.save_interval_minutes > 0 and now - self.last_interval_save >= opts.save_interval_minutes * 60
+        flags = [float(opts.max_time > 0 and self.state.elapsed >= opts.max_time * 60), float(save_due), signal_code]
+        if self.ctx.enabled:
+            flags = D.all_reduce_max(flags, self.ctx, self.device)
+        signalled = {1.0: "SIGTERM", 2.0: "SIGINT"}.get(flags[2])
+        return flags[0] > 0, flags[1] > 0, signalled
+
+    def should_stop(self, end_of_epoch: bool, time_up: bool, signalled: str | None) -> str | None:
+        """Why training stops after this update, if it does."""
+        opts, state = self.opts, self.state
+        if signalled:
+            return signalled
+        if opts.max_updates and state.updates >= opts.max_updates:
+            return "max_updates"
+        if end_of_epoch and opts.max_epochs and state.epoch > opts.max_epochs:
+            return "max_epochs"
+        if time_up:
+            return "max_time"
+        return None
+
+    def finished_reason(self) -> str | None:
+        """The limit a resumed run has already reached (re-running a finished command trains nothing)."""
+        opts, state = self.opts, self.state
+        if not self.resumed:
+            return None
+        if opts.max_updates and state.updates >= opts.max_updates:
+            return "max_updates"
+        if opts.max_epochs and state.epoch > opts.max_epochs:
+            return "max_epochs"
+        if opts.max_time and state.elapsed >= opts.max_time * 60:
+            return "max_time"
+        if opts.patience and state.bad_validations >= opts.patience:
+            return "patience"
+        return None
+
+    def log_train(self, lr: float, now: float, end_of_epoch: bool) -> None:
+        state = self.state
+        record = {"event": "train", "update": state.updates, "epoch": state.epoch - end_of_epoch,
+                  **self.window.read(now), "lr": lr, "elapsed_s": round(state.elapsed, 1)}
+        self.log.write(record)
+        status = f"upd {state.updates} loss {record['loss']:.3f} lr {lr:.2e} {record['tgt_tokens_per_s']:,.0f} tok/s"
+        self.bar.update(self.task, status=status)
+        if self.plain:
+            eta = self.eta()
+            plain_line(f"epoch {record['epoch']} | {status} | elapsed {_clock(state.elapsed)}"
+                       + (f" | eta {_clock(eta)}" if eta is not None else ""))
+
+    def eta(self) -> float | None:
+        """Seconds left until --max-updates or --max-time, whichever comes first (None without either)."""
+        opts, state = self.opts, self.state
+        left = []
+        if opts.max_time:
+            left.append(max(opts.max_time * 60 - state.elapsed, 0.0))
+        if opts.max_updates and state.updates:
+            left.append(state.elapsed / state.updates * (opts.max_updates - state.updates))
+        return min(left) if left else None
+
+    def validate_and_save(self, end_of_epoch: bool, skipped: bool, save_due: bool, reason: str | None) -> str | None:
+        """Validation and checkpoints after an update; returns the stop reason (patience may add one)."""
+        opts, state, ctx = self.opts, self.state, self.ctx
+        updates = state.updates
+        signalled = reason in EXIT_CODES
+        on_interval = not skipped and bool(opts.valid_interval) and updates % opts.valid_interval == 0
+        do_valid = not signalled and (on_interval or (not opts.valid_interval and end_of_epoch) or reason is not None)
+        if self.interval_given:
+            numbered = save_due or (not skipped and bool(opts.save_interval_updates)
+                                    and updates % opts.save_interval_updates == 0)
+        else:
+            numbered = end_of_epoch
+        numbered = numbered and not signalled
+        do_save = numbered or end_of_epoch or reason is not None
+        improved = False
+        if do_valid:
+            metrics = validate(self.loss_module, self.valid_corpus, self.valid_batches, self.data.vocab,
+                               opts.precision, self.device, ctx)
+            if opts.eval_bleu:
+                score = valid_bleu(self.model, self.data, self.device, opts.precision) if ctx.is_main else 0.0
+                (metrics["valid_bleu"],) = D.all_reduce_sum([score], ctx, self.device)
+            value = metrics["valid_bleu"] if opts.eval_bleu else metrics["valid_loss"]
+            improved = state.best is None or (value > state.best if opts.eval_bleu else value < state.best)
+            if improved:
+                state.best, state.bad_validations = value, 0
+            else:
+                state.bad_validations += 1
+            self.log.write({"event": "valid", "update": updates, **metrics, "best": state.best})
+            if not opts.quiet and ctx.is_main:
+                shown = f"update {updates}: " + " ".join(f"{k} {v:.3f}" for k, v in metrics.items())
+                shown += " (best)" if improved else ""
+                if self.plain:
+                    plain_line(shown)
+                else:
+                    self.bar.console.print(shown)
+            if opts.patience and state.bad_validations >= opts.patience and reason is None:
+                reason = "patience"
+                do_save = True
+        if do_save or improved:
+            rngs = D.gather_objects(rng_state(self.device), ctx)
+            if ctx.is_main:
+                checkpoint = self.checkpoint(rngs)
+                if numbered:
+                    save_checkpoint(checkpoint, self.save_dir / f"checkpoint_{updates}.pt")
+                    if opts.keep_last > 0:
+                        for old in numbered_checkpoints(self.save_dir)[: -opts.keep_last]:
+                            old.unlink()
+                if do_save:
+                    save_checkpoint(checkpoint, self.last_path)
+                if improved:
+                    save_checkpoint(checkpoint, self.save_dir / "checkpoint_best.pt")
+            if save_due:
+                self.last_interval_save = time.monotonic()
+        if signalled:
+            self.log.write({"event": "stop", "signal": reason, "update": updates})
+        return reason
+
+    def checkpoint(self, rngs: list) -> dict:
+        """Everything a checkpoint holds: the self-contained model and the complete training state."""
+        data = self.data
+        return {
+            "model": self.model.state_dict(),
+            "config": self.model.config.to_dict(),
+            "vocab": data.vocab.symbols,
+            "bpe_codes": data.bpe_codes,
+            "source_lang": data.source_lang,
+            "target_lang": data.target_lang,
+            "tokenizer": data.meta.get("tokenizer", {}),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "rng": rngs,
+            "progress": self.state.to_dict(),
+            "updates": self.state.updates,
+        }
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
 def train(opts: TrainOptions) -> dict:
     """Train (or resume) a model as `opts` says; return the final progress record."""
     size_kernel_cache(TRAINING_KERNEL_CACHE)
-    device = D.resolve_device(opts.device, int(os.environ.get("LOCAL_RANK", "0")))
-    check_precision(opts.precision, device)
-    if opts.update_freq < 1 or opts.max_tokens < 1:
-        raise NmtError("--update-freq and --max-tokens must be positive")
-    data = DataDir.open(opts.data)
-    config = make_config(opts.arch, len(data.vocab), pad=data.vocab.pad, layers=opts.layers, d_model=opts.d_model,
-                         ffn=opts.ffn, heads=opts.heads, dropout=opts.dropout,
-                         attention_dropout=opts.attention_dropout, pre_norm=opts.pre_norm)
-    save_dir = Path(opts.save_dir)
-    last_path = save_dir / "checkpoint_last.pt"
-    resume = load_checkpoint(last_path) if last_path.exists() else None
-    if resume is not None:
-        check_resume(resume, last_path, config, data)
-
-    ctx = D.init_distributed(device)
-    torch.manual_seed(opts.seed)
-    model = Transformer(config).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
-    scaler = torch.amp.GradScaler(device.type, enabled=opts.precision == "fp16")
-    progress = {"epoch": 1, "batch_pos": 0, "updates": 0, "elapsed": 0.0, "best": None, "bad_validations": 0,
-                "world_size": ctx.world_size}
-    if resume is not None:
-        model.load_state_dict(resume["model"])
-        optimizer.load_state_dict(resume["optimizer"])
-        scaler.load_state_dict(resume["scaler"])
-        progress.update(resume["progress"])
-        rngs = resume["rng"]
-        set_rng_state(rngs[ctx.rank] if len(rngs) == ctx.world_size else rngs[0], device)
-        if progress["world_size"] != ctx.world_size:  # same global position, other process count
-            progress["batch_pos"] = progress["batch_pos"] * progress["world_size"] // ctx.world_size
-            progress["world_size"] = ctx.world_size
-
-    train_corpus, valid_corpus = data.split("train"), data.split("valid")
-    check_lengths(data, {"train": train_corpus, "valid": valid_corpus}, config)
-    batches = make_batches(train_corpus.src.sizes, train_corpus.tgt.sizes, opts.max_tokens, opts.seed)
-    valid_batches = make_batches(valid_corpus.src.sizes, valid_corpus.tgt.sizes, opts.max_tokens, opts.seed)
-    if len(batches) < ctx.world_size:
-        raise NmtError(f"{data.path}: {len(batches)} training batches cannot feed {ctx.world_size} processes")
-    loss_module = TranslationLoss(model, opts.label_smoothing)
-    if ctx.enabled:
-        ids = [device.index] if device.type == "cuda" else None
-        # The only buffer (sinusoidal positions) is a constant: no need to broadcast it every step.
-        runner: nn.Module = DistributedDataParallel(loss_module, device_ids=ids, broadcast_buffers=False)
-    else:
-        runner = loss_module
-    runner.train()
-
-    if ctx.is_main:
-        save_dir.mkdir(parents=True, exist_ok=True)
-        (save_dir / "options.json").write_text(json.dumps(asdict(opts), default=str, indent=2) + "\n")
-    log = JsonLog(save_dir / "train.jsonl" if ctx.is_main else None)
-    log.write({"event": "start", "resumed_at": progress["updates"] if resume else None,
-               "parameters": count_parameters(model), "config": config.to_dict(), "world_size": ctx.world_size,
-               "device": str(device), "precision": opts.precision})
-    higher_is_better = opts.eval_bleu
-    start = time.monotonic() - progress["elapsed"]
-    last_interval_save = time.monotonic()
-    # Numbered checkpoints (what `nmt average --last N` reads) come from one regular schedule only: the update
-    # or minute interval when one is given, else epoch ends. Other saves update checkpoint_last.pt.
-    interval_given = opts.save_interval_updates > 0 or opts.save_interval_minutes > 0
-    window = Window(device)
-    stop_reason = None
-    pin = device.type == "cuda"
-
-    def make_group(group: list) -> list[Batch]:
-        return [collate(train_corpus, idx, data.vocab) for idx in group]
-
-    bar = Progress(TextColumn("[bold]train[/]"), BarColumn(), TextColumn("{task.fields[status]}"),
-                   TimeElapsedColumn(), TimeRemainingColumn(), disable=opts.quiet or not ctx.is_main)
-    with bar:
-        task = bar.add_task("train", total=opts.max_updates or None, completed=progress["updates"], status="")
-        while stop_reason is None:
-            epoch_batches = shuffled(batches, opts.seed, progress["epoch"])
-            per_rank = len(epoch_batches) // ctx.world_size
-            mine = epoch_batches[ctx.rank :: ctx.world_size][:per_rank]
-            groups = [mine[i : i + opts.update_freq] for i in range(progress["batch_pos"], len(mine), opts.update_freq)]
-            # The next group is collated (and pinned) on a background thread while this one runs.
-            with closing(prefetch(make_group, groups, pin, background=device.type == "cuda")) as stream:
-                for micro in stream:
-                    micro = [b.to(device, non_blocking=pin) for b in micro]
-                    lr = inverse_sqrt_lr(progress["updates"] + 1, config.d_model, opts.warmup, opts.lr_scale)
-                    for group_ in optimizer.param_groups:
-                        group_["lr"] = lr
-                    update_loss, global_tokens = train_step(runner, model, micro, optimizer, scaler, opts, ctx,
-                                                            device)
-                    skipped = global_tokens is None
-                    progress["batch_pos"] += len(micro)
-                    end_of_epoch = progress["batch_pos"] >= len(mine)
-                    if skipped:
-                        # Weights untouched, schedule not advanced; never a NaN model.
-                        log.write({"event": "overflow", "update": progress["updates"] + 1,
-                                   "loss_scale": scaler.get_scale() if scaler.is_enabled() else None})
-                        if end_of_epoch:
-                            progress["epoch"] += 1
-                            progress["batch_pos"] = 0
-                        continue
-                    progress["updates"] += 1
-                    updates = progress["updates"]
-                    window.add(update_loss, sum(b.ntokens for b in micro), global_tokens)
-
-                    if end_of_epoch:
-                        progress["epoch"] += 1
-                        progress["batch_pos"] = 0
-                    now = time.monotonic()
-                    progress["elapsed"] = now - start
-                    timed = [0.0, 0.0]
-                    if opts.max_time > 0 and progress["elapsed"] >= opts.max_time * 60:
-                        timed[0] = 1.0
-                    if opts.save_interval_minutes > 0 and now - last_interval_save >= opts.save_interval_minutes * 60:
-                        timed[1] = 1.0
-                    if opts.max_time > 0 or opts.save_interval_minutes > 0:
-                        timed = D.all_reduce_sum(timed, ctx, device)  # every process must decide alike
-                    if opts.max_updates and updates >= opts.max_updates:
-                        stop_reason = "max_updates"
-                    elif end_of_epoch and opts.max_epochs and progress["epoch"] > opts.max_epochs:
-                        stop_reason = "max_epochs"
-                    elif timed[0] > 0:
-                        stop_reason = "max_time"
-
-                    if updates % opts.log_interval == 0 or stop_reason:
-                        record = {"event": "train", "update": updates, "epoch": progress["epoch"] - end_of_epoch,
-                                  **window.read(now), "lr": lr, "elapsed_s": round(progress["elapsed"], 1)}
-                        log.write(record)
-                        bar.update(task, status=f"upd {updates} loss {record['loss']:.3f} lr {lr:.2e} "
-                                                f"{record['tgt_tokens_per_s']:,.0f} tok/s")
-                    bar.update(task, completed=updates)
-
-                    do_valid = (opts.valid_interval and updates % opts.valid_interval == 0) or (
-                        not opts.valid_interval and end_of_epoch) or stop_reason is not None
-                    if interval_given:
-                        numbered = bool(opts.save_interval_updates and updates % opts.save_interval_updates == 0)
-                        numbered = numbered or timed[1] > 0
-                    else:
-                        numbered = end_of_epoch
-                    do_save = numbered or end_of_epoch or stop_reason is not None
-                    improved = False
-                    if do_valid:
-                        metrics = validate(loss_module, valid_corpus, valid_batches, data.vocab, opts.precision,
-                                           device, ctx)
-                        if opts.eval_bleu:
-                            score = valid_bleu(model, data, device, opts.precision) if ctx.is_main else 0.0
-                            (metrics["valid_bleu"],) = D.all_reduce_sum([score], ctx, device)
-                        value = metrics["valid_bleu"] if opts.eval_bleu else metrics["valid_loss"]
-                        best = progress["best"]
-                        improved = best is None or (value > best if higher_is_better else value < best)
-                        if improved:
-                            progress["best"], progress["bad_validations"] = value, 0
-                        else:
-                            progress["bad_validations"] += 1
-                        log.write({"event": "valid", "update": updates, **metrics, "best": progress["best"]})
-                        if not opts.quiet and ctx.is_main:
-                            shown = " ".join(f"{k} {v:.3f}" for k, v in metrics.items())
-                            bar.console.print(f"update {updates}: {shown}" + (" (best)" if improved else ""))
-                        if opts.patience and progress["bad_validations"] >= opts.patience and stop_reason is None:
-                            stop_reason = "patience"
-                            do_save = True
-                    if do_save or improved:
-                        rngs = D.gather_objects(rng_state(device), ctx)
-                        if ctx.is_main:
-                            state = build_state(model, data, optimizer, scaler, progress, rngs)
-                            if numbered:
-                                save_checkpoint(state, save_dir / f"checkpoint_{updates}.pt")
-                                if opts.keep_last > 0:
-                                    for old in numbered_checkpoints(save_dir)[: -opts.keep_last]:
-                                        old.unlink()
-                            if do_save:
-                                save_checkpoint(state, last_path)
-                            if improved:
-                                save_checkpoint(state, save_dir / "checkpoint_best.pt")
-                        if timed[1] > 0:
-                            last_interval_save = time.monotonic()
-                    if stop_reason is not None:
-                        break
-    summary = {"event": "end", "reason": stop_reason, **progress}
-    log.write(summary)
-    log.close()
-    D.shutdown(ctx)
-    return summary
+    return Trainer(opts).run()

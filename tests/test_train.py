@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt_cli.checkpoint import load_checkpoint
+from nmt_cli.checkpoint import load_checkpoint, save_checkpoint
 from nmt_cli.train import TrainOptions, train
 from nmt_cli.translate import Translator
 
@@ -103,10 +103,12 @@ def test_bad_training_input(toy_data, tmp_path):
     assert run_cli(*args).exit_code == 0
     blob = (save / "checkpoint_last.pt").read_bytes()
     expect_error(run_cli(*args, "--d-model", "32"), "architecture differs", "d_model 64 vs 32")
-    state = torch.load(save / "checkpoint_last.pt", weights_only=True)
+    state = load_checkpoint(save / "checkpoint_last.pt")
     state["vocab"] = state["vocab"][:-1] + ["zzz"]
-    torch.save(state, save / "checkpoint_last.pt")
+    save_checkpoint(state, save / "checkpoint_last.pt")
     expect_error(run_cli(*args), "vocabulary differs")
+    torch.save(state | {"vocab": state["vocab"][:-1] + ["yyy"]}, save / "checkpoint_last.pt")  # edited in place
+    expect_error(run_cli(*args), "checkpoint_last.pt", "checksum mismatch")
     (save / "checkpoint_last.pt").write_bytes(blob[: len(blob) // 2])
     expect_error(run_cli(*args), "checkpoint_last.pt", "corrupt or truncated")
 

@@ -1,0 +1,161 @@
+"""What a training run keeps besides the model: its position, its log, its stop requests and its lock."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import threading
+import time
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime
+from pathlib import Path
+
+import torch
+
+from .errors import NmtError
+
+
+@dataclass
+class TrainState:
+    """The position of a run: everything `progress` in a checkpoint holds, so a resume continues exactly."""
+
+    epoch: int = 1  # the epoch being trained
+    batch_pos: int = 0  # this process's next batch within the epoch
+    updates: int = 0
+    elapsed: float = 0.0  # seconds of training so far, over all resumed runs
+    best: float | None = None  # best validation value (loss, or BLEU with --eval-bleu)
+    bad_validations: int = 0  # validations since the best
+    world_size: int = 1  # processes that trained it (batch_pos is per process)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TrainState:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def rescale(self, world_size: int) -> None:
+        """The same global position for another number of processes."""
+        if world_size != self.world_size:
+            self.batch_pos = self.batch_pos * self.world_size // world_size
+            self.world_size = world_size
+
+
+def rng_state(device: torch.device) -> dict:
+    """This process's random generators (CPU, and the device's on CUDA)."""
+    state = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+class Window:
+    """Loss and token sums since the last log line, kept on the device until `read` (one host sync)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.reset(time.monotonic())
+
+    def reset(self, now: float) -> None:
+        self.loss = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.global_tokens = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.tokens, self.time = 0, now
+
+    def add(self, loss: torch.Tensor, tokens: int, global_tokens: torch.Tensor) -> None:
+        self.loss += loss
+        self.global_tokens += global_tokens
+        self.tokens += tokens
+
+    def read(self, now: float) -> dict:
+        """Mean loss per target token and target tokens/s (all processes) since the last read; resets."""
+        loss, global_tokens = torch.stack([self.loss, self.global_tokens]).tolist()
+        record = {"loss": loss / max(self.tokens, 1), "tgt_tokens_per_s": global_tokens / max(now - self.time, 1e-9)}
+        self.reset(now)
+        return record
+
+
+class JsonLog:
+    """Append JSON lines to train.jsonl (main process only), each stamped with the wall-clock time."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.file = open(path, "a", encoding="utf-8") if path else None
+
+    def write(self, record: dict) -> None:
+        if self.file:
+            self.file.write(json.dumps({**record, "time": round(time.time(), 3)}) + "\n")
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
+
+
+def plain_line(text: str) -> None:
+    """A timestamped line on stdout, for logs that are not a terminal (nohup, SLURM, `> log`)."""
+    print(f"{datetime.now().strftime('%Y-%m-%d %H:%M:%S')} {text}", flush=True)
+
+
+EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}
+
+
+class StopRequests:
+    """SIGTERM (preemption) and SIGINT (Ctrl-C) ask the run to stop after the current update and save; a
+    second SIGINT aborts at once. Installed only in the main thread; `requested` is the first signal's name."""
+
+    def __init__(self) -> None:
+        self.requested: str | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> StopRequests:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.requested == "SIGINT" and name == "SIGINT":
+            raise KeyboardInterrupt  # the second Ctrl-C: stop now, without saving
+        self.requested = self.requested or name
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+class SaveDirLock:
+    """An exclusive lock on a save directory for the life of a run; the OS releases it when the run dies."""
+
+    def __init__(self, save_dir: Path) -> None:
+        self.path = save_dir / ".lock"
+        self.file = None
+
+    def __enter__(self) -> SaveDirLock:
+        self.file = open(self.path, "a+")
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.file.seek(0)
+            holder = self.file.read().strip() or "another process"
+            self.file.close()
+            raise NmtError(f"{self.path.parent}: another nmt train is using this --save-dir (pid {holder}); "
+                           "wait for it or choose another --save-dir") from None
+        self.file.seek(0)
+        self.file.truncate()
+        self.file.write(str(os.getpid()))
+        self.file.flush()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.file:
+            fcntl.flock(self.file, fcntl.LOCK_UN)
+            self.file.close()

@@ -1,0 +1,243 @@
+"""Training that survives clusters and people: signals, re-runs, leftovers, full disks, locks, corrupt files,
+skipped updates at epoch ends, exact epoch counts, clipping, and resume with accumulation or torchrun."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt_cli import train as train_module
+from nmt_cli.checkpoint import load_checkpoint
+from nmt_cli.train import TrainOptions, train
+
+from .conftest import expect_error, run_cli
+
+
+def _opts(data: Path, save: Path, **kw) -> TrainOptions:
+    base = dict(data=data, save_dir=save, arch="tiny", max_tokens=512, warmup=50, device="cpu", quiet=True, seed=7)
+    base.update(kw)
+    return TrainOptions(**base)
+
+
+def _log(save: Path) -> list[dict]:
+    return [json.loads(x) for x in (save / "train.jsonl").read_text().splitlines()]
+
+
+def _train_cli(data: Path, save: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "nmt_cli", "train", str(data), "--save-dir", str(save), "--arch", "tiny",
+            "--max-tokens", "256", "--warmup", "50", "--device", "cpu", "--seed", "7", "--log-interval", "1", *extra]
+
+
+def _wait_for_updates(save: Path, n: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"training ended early: {proc.stderr.read()}")
+        path = save / "train.jsonl"
+        if path.exists() and sum('"event": "train"' in x for x in path.read_text().splitlines()) >= n:
+            return
+        time.sleep(0.05)
+    raise AssertionError("training did not start")
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_finishes_the_update_saves_and_resumes(toy_data, tmp_path, sig, code):
+    save = tmp_path / "ck"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(_train_cli(toy_data, save, "--max-updates", "100000"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    _wait_for_updates(save, 3, proc)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err
+    assert "Traceback" not in err and f"stopped by {sig.name}" in err
+    stop = [r for r in _log(save) if r["event"] == "stop"]
+    assert len(stop) == 1 and stop[0]["signal"] == sig.name
+    state = load_checkpoint(save / "checkpoint_last.pt")
+    assert state["progress"]["updates"] == stop[0]["update"] >= 3
+    assert not list(save.glob("checkpoint_[0-9]*.pt"))  # a stop save is not an averaging checkpoint
+    # the same command resumes from there
+    n = stop[0]["update"]
+    again = subprocess.run(_train_cli(toy_data, save, "--max-updates", str(n + 2), "--quiet"), capture_output=True,
+                           text=True, env=env, timeout=120)
+    assert again.returncode == 0, again.stderr
+    starts = [r for r in _log(save) if r["event"] == "start"]
+    assert starts[-1]["resumed_at"] == n and load_checkpoint(save / "checkpoint_last.pt")["updates"] == n + 2
+
+
+def test_second_ctrl_c_aborts_at_once(toy_data, tmp_path):
+    save = tmp_path / "ck"
+    proc = subprocess.Popen(_train_cli(toy_data, save, "--max-updates", "100000", "--arch", "base"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_updates(save, 1, proc, timeout=240)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+
+
+def test_rerunning_a_finished_command_trains_nothing(toy_data, tmp_path):
+    save = tmp_path / "ck"
+    train(_opts(toy_data, save, max_updates=4, save_interval_updates=2))
+    before = {p.name: p.read_bytes() for p in save.glob("checkpoint_*.pt")}
+    result = run_cli("train", toy_data, "--save-dir", save, "--arch", "tiny", "--max-tokens", "512", "--warmup", "50",
+                     "--device", "cpu", "--seed", "7", "--max-updates", "4", "--save-interval-updates", "2")
+    assert result.exit_code == 0 and "already finished (max_updates, 4 updates)" in result.stderr
+    assert {p.name: p.read_bytes() for p in save.glob("checkpoint_*.pt")} == before
+    assert _log(save)[-1]["reason"] == "already_finished"
+
+
+def test_leftovers_of_killed_runs_are_removed(toy_data, tmp_path):
+    save = tmp_path / "ck"
+    save.mkdir()
+    dead = 2**22 + 12345  # above the default pid_max: no such process
+    stale = save / f".checkpoint_last.pt.{dead}.x1y2.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    train(_opts(toy_data, save, max_updates=1))
+    assert not stale.exists()
+    staging = tmp_path / f".data.{dead}.abcd.tmp"
+    staging.mkdir()
+    (staging / "train.en.bin").write_bytes(b"x")
+    raw = toy_data.parent / "raw"
+    assert run_cli("prepare", "-s", "en", "-t", "de", "--train", raw / "train", "--valid", raw / "valid",
+                   "--out", tmp_path / "data", "--bpe-merges", "20", "--quiet", "--workers", "1").exit_code == 0
+    assert not staging.exists()
+
+
+def test_full_disk_while_saving_keeps_the_previous_checkpoint(toy_data, tmp_path, monkeypatch):
+    save = tmp_path / "ck"
+    train(_opts(toy_data, save, max_updates=2))
+    before = (save / "checkpoint_last.pt").read_bytes()
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("nmt_cli.textio.fsync_path", full)
+    expect_error(run_cli("train", toy_data, "--save-dir", save, "--arch", "tiny", "--max-tokens", "512", "--warmup",
+                         "50", "--device", "cpu", "--seed", "7", "--max-updates", "4", "--quiet"),
+                 "checkpoint_last.pt", "No space left on device")
+    monkeypatch.undo()
+    assert (save / "checkpoint_last.pt").read_bytes() == before
+    assert not list(save.glob(".*.tmp"))
+
+
+def test_second_run_on_the_same_save_dir_is_refused_until_the_first_dies(toy_data, tmp_path):
+    save = tmp_path / "ck"
+    proc = subprocess.Popen(_train_cli(toy_data, save, "--max-updates", "100000"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        _wait_for_updates(save, 1, proc)
+        expect_error(run_cli("train", toy_data, "--save-dir", save, "--arch", "tiny", "--max-updates", "1",
+                             "--device", "cpu", "--quiet"), "another nmt train is using", str(proc.pid))
+    finally:
+        proc.kill()  # kill -9 leaves no stuck lock
+        proc.wait()
+    assert run_cli("train", toy_data, "--save-dir", save, "--arch", "tiny", "--max-tokens", "256", "--warmup", "50",
+                   "--device", "cpu", "--seed", "7", "--max-updates", "1", "--quiet").exit_code == 0
+
+
+def test_flipped_bytes_in_a_checkpoint_are_detected(toy_data, tmp_path):
+    save = tmp_path / "ck"
+    train(_opts(toy_data, save, max_updates=1))
+    path = save / "checkpoint_last.pt"
+    blob = bytearray(path.read_bytes())
+    weight = load_checkpoint(path)["model"]["embed.weight"]
+    at = bytes(blob).find(weight.numpy().tobytes()[4096:4160])  # 64 bytes inside the embedding's data
+    assert at > 0
+    blob[at : at + 64] = bytes(b ^ 0xFF for b in blob[at : at + 64])
+    path.write_bytes(bytes(blob))
+    expect_error(run_cli("train", toy_data, "--save-dir", save, "--arch", "tiny", "--max-updates", "2", "--quiet",
+                         "--device", "cpu"), "checkpoint_last.pt", "checksum mismatch")
+
+
+def test_skipped_update_at_an_epoch_end_still_validates_and_saves(toy_data, tmp_path, monkeypatch):
+    """A non-finite last update of epoch 1 is skipped, and epoch 1's validation and numbered save still run."""
+    save = tmp_path / "ck"
+    real = train_module.train_step
+    calls = []
+
+    def last_of_epoch_one_is_nan(runner, model, micro, *rest):
+        calls.append(1)
+        loss, tokens = real(runner, model, micro, *rest)
+        return (loss, None) if len(calls) == per_epoch else (loss, tokens)
+
+    from nmt_cli.data import DataDir, make_batches
+
+    corpus = DataDir.open(toy_data).split("train")
+    per_epoch = len(make_batches(corpus.src.sizes, corpus.tgt.sizes, 2048, 7))
+    monkeypatch.setattr(train_module, "train_step", last_of_epoch_one_is_nan)
+    summary = train(_opts(toy_data, save, max_tokens=2048, max_epochs=2, keep_last=0))
+    log = _log(save)
+    assert [r["update"] for r in log if r["event"] == "skipped"] == [per_epoch]
+    valid = [r["update"] for r in log if r["event"] == "valid"]
+    assert valid == [per_epoch - 1, 2 * per_epoch - 1]  # after epoch 1 (its last update skipped) and epoch 2
+    assert summary["reason"] == "max_epochs" and summary["epoch"] == 3 and summary["updates"] == 2 * per_epoch - 1
+    assert (save / f"checkpoint_{per_epoch - 1}.pt").exists()
+
+
+def test_max_epochs_trains_exactly_that_many_epochs(toy_data, tmp_path):
+    from nmt_cli.data import DataDir, make_batches
+
+    corpus = DataDir.open(toy_data).split("train")
+    per_epoch = len(make_batches(corpus.src.sizes, corpus.tgt.sizes, 2048, 7))
+    save = tmp_path / "ck"
+    summary = train(_opts(toy_data, save, max_tokens=2048, max_epochs=3))
+    assert summary["updates"] == 3 * per_epoch and summary["reason"] == "max_epochs"
+    assert len([r for r in _log(save) if r["event"] == "valid"]) == 3
+
+
+def test_clip_norm_bounds_the_gradient_the_optimizer_sees(toy_data, tmp_path, monkeypatch):
+    seen = []
+    original = torch.optim.Adam.step
+
+    def step(self, *a, **kw):
+        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+        seen.append(float(torch.nn.utils.get_total_norm(grads)))
+        return original(self, *a, **kw)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", step)
+    train(_opts(toy_data, tmp_path / "clipped", max_updates=5, clip_norm=0.05))
+    assert len(seen) == 5 and max(seen) <= 0.05 + 1e-6
+    seen.clear()
+    train(_opts(toy_data, tmp_path / "free", max_updates=5))
+    assert max(seen) > 0.05  # without clipping the gradients are larger
+
+
+def test_resume_with_update_freq_is_exact(toy_data, tmp_path):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    train(_opts(toy_data, straight, max_updates=9, update_freq=3, dropout=0.1))
+    train(_opts(toy_data, resumed, max_updates=4, update_freq=3, dropout=0.1))
+    train(_opts(toy_data, resumed, max_updates=9, update_freq=3, dropout=0.1))
+    a, b = load_checkpoint(straight / "checkpoint_last.pt"), load_checkpoint(resumed / "checkpoint_last.pt")
+    assert {**a["progress"], "elapsed": 0} == {**b["progress"], "elapsed": 0}
+    for name in a["model"]:
+        assert torch.equal(a["model"][name], b["model"][name]), name
+
+
+def test_resume_under_torchrun_is_exact(toy_data, tmp_path):
+    def run(save: Path, updates: int) -> None:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+               "nmt_cli", "train", str(toy_data), "--save-dir", str(save), "--arch", "tiny", "--max-tokens", "256",
+               "--warmup", "50", "--device", "cpu", "--quiet", "--seed", "7", "--max-updates", str(updates)]
+        result = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                                timeout=240)
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    run(tmp_path / "straight", 6)
+    run(tmp_path / "resumed", 3)
+    run(tmp_path / "resumed", 6)
+    a = load_checkpoint(tmp_path / "straight" / "checkpoint_last.pt")
+    b = load_checkpoint(tmp_path / "resumed" / "checkpoint_last.pt")
+    assert {**a["progress"], "elapsed": 0} == {**b["progress"], "elapsed": 0} and b["progress"]["world_size"] == 2
+    for name in a["model"]:
+        assert torch.equal(a["model"][name], b["model"][name]), name
