@@ -10,18 +10,71 @@ import sys
 import threading
 from collections import Counter
 from contextlib import nullcontext
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperGroup
+
+try:  # recent typer vendors click as typer._click; older ones use click itself
+    from typer._click import exceptions as click_errors
+except ImportError:  # pragma: no cover
+    from click import exceptions as click_errors
 
 from .errors import NmtError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Neural machine translation with the Transformer of 'Attention Is All You Need'.")
 err = Console(stderr=True)
+Arch = Enum("Arch", {name: name for name in ("tiny", "small", "base", "big")}, type=str)
+Precision = Enum("Precision", {name: name for name in ("fp32", "bf16", "fp16")}, type=str)
+Device = Enum("Device", {name: name for name in ("cpu", "cuda")}, type=str)
+
+
+class OneLineErrors(TyperGroup):
+    """Usage errors (an unknown option, a value outside its choices) as one line on stderr and exit code 2,
+    like every other bad input, instead of click's usage block."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        try:
+            # Without standalone mode click returns an Exit's code instead of exiting; commands return None.
+            code = super().main(args=args, prog_name=prog_name or "nmt", complete_var=complete_var,
+                                standalone_mode=False, **extra)
+            sys.exit(code if isinstance(code, int) else 0)
+        except click_errors.UsageError as e:
+            if type(e).__name__ == "NoArgsIsHelpError":  # `nmt` alone: the help (typer's rich help prints itself)
+                if e.format_message().strip():
+                    typer.echo(e.format_message())
+                sys.exit(0)
+            where = " ".join(["nmt", *(e.ctx.command_path.split()[1:] if e.ctx else [])])
+            message = e.format_message().replace("Value error, ", "")
+            err.print(f"{where}: error: {message}", markup=False, highlight=False, soft_wrap=True)
+            sys.exit(2)
+        except typer.Exit as e:
+            sys.exit(e.exit_code)
+        except typer.Abort:
+            err.print("interrupted", markup=False)
+            sys.exit(130)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        typer.echo(f"nmt {__version__}")
+        raise typer.Exit()
+
+
+app = typer.Typer(cls=OneLineErrors, no_args_is_help=True, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]},
+                  help="Neural machine translation with the Transformer of 'Attention Is All You Need'.")
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Print the version and exit.")] = False) -> None:
+    """Neural machine translation with the Transformer of 'Attention Is All You Need'."""
 
 
 def handle_errors(fn):
@@ -74,8 +127,14 @@ def prepare_cmd(
                                   workers or (os.cpu_count() or 1), max_len, max_ratio, vocab_threshold, force, quiet,
                                   normalize_punctuation))
     if not quiet:
+        dropped = meta["splits"]["train"]["filtered"]["dropped"]
+        too_long = {k: v["dropped_too_long"] for k, v in meta["splits"].items() if v.get("dropped_too_long")}
         err.print(f"wrote {out}: vocabulary {meta['vocab_size']:,}, "
-                  + ", ".join(f"{k} {v['sentences']:,}" for k, v in meta["splits"].items()) + " sentences")
+                  + ", ".join(f"{k} {v['sentences']:,}" for k, v in meta["splits"].items()) + " sentences; "
+                  + f"training pairs dropped: {dropped['empty']:,} empty, {dropped['too_long']:,} over --max-len, "
+                  + f"{dropped['ratio']:,} over --max-ratio"
+                  + "".join(f"; {k} pairs over the model's positions: {n:,}" for k, n in too_long.items()),
+                  highlight=False)
 
 
 @app.command("learn-bpe")
@@ -140,17 +199,17 @@ def apply_bpe_cmd(
 @app.command("binarize")
 @handle_errors
 def binarize_cmd(
-    source_lang: Annotated[str, typer.Option("--source-lang", "-s")],
-    target_lang: Annotated[str, typer.Option("--target-lang", "-t")],
+    source_lang: Annotated[str, typer.Option("--source-lang", "-s", help="Source language code (file suffix).")],
+    target_lang: Annotated[str, typer.Option("--target-lang", "-t", help="Target language code (file suffix).")],
     train: Annotated[str, typer.Option(help="PREFIX of BPE-segmented training text.")],
     valid: Annotated[str, typer.Option(help="PREFIX of BPE-segmented validation text.")],
     out: Annotated[Path, typer.Option(help="Output data directory.")],
     codes: Annotated[Optional[Path], typer.Option(help="BPE codes to store with the data (for nmt translate).")] = None,
     test: Annotated[Optional[list[str]], typer.Option(help="Test PREFIX (repeatable).")] = None,
-    max_len: Annotated[int, typer.Option()] = 250,
-    max_ratio: Annotated[float, typer.Option()] = 1.5,
-    vocab_threshold: Annotated[int, typer.Option()] = 1,
-    force: Annotated[bool, typer.Option()] = False,
+    max_len: Annotated[int, typer.Option(help="Drop training pairs with a side longer than this (BPE pieces).")] = 250,
+    max_ratio: Annotated[float, typer.Option(help="Drop training pairs whose length ratio exceeds this.")] = 1.5,
+    vocab_threshold: Annotated[int, typer.Option(help="Keep BPE pieces seen at least this often.")] = 1,
+    force: Annotated[bool, typer.Option(help="Overwrite an existing --out.")] = False,
 ) -> None:
     """Build a trainable data dir from your own tokenized + BPE text (vocabulary from train, meta.json last)."""
     from .prepare import PrepareOptions, binarize_segmented
@@ -169,7 +228,7 @@ def binarize_cmd(
 def train_cmd(
     data: Annotated[Path, typer.Argument(help="Data directory made by nmt prepare.")],
     save_dir: Annotated[Path, typer.Option(help="Where checkpoints and train.jsonl go; re-running resumes.")],
-    arch: Annotated[str, typer.Option(help="Preset: tiny, small, base or big.")] = "base",
+    arch: Annotated[Arch, typer.Option(help="Model preset.")] = Arch.base,
     layers: Annotated[Optional[int], typer.Option(help="Encoder and decoder layers (N).")] = None,
     d_model: Annotated[Optional[int], typer.Option(help="Model width.")] = None,
     ffn: Annotated[Optional[int], typer.Option(help="Feed-forward inner width.")] = None,
@@ -182,9 +241,9 @@ def train_cmd(
     max_updates: Annotated[int, typer.Option(help="Stop after this many updates (0: no limit).")] = 0,
     max_epochs: Annotated[int, typer.Option(help="Stop after this many epochs (0: no limit).")] = 0,
     max_time: Annotated[float, typer.Option(help="Stop after this many minutes (0: no limit).")] = 0.0,
-    precision: Annotated[str, typer.Option(help="fp32, bf16 or fp16 (CUDA only).")] = "fp32",
-    seed: Annotated[int, typer.Option()] = 1,
-    device: Annotated[Optional[str], typer.Option(help="cpu or cuda (default: cuda when available).")] = None,
+    precision: Annotated[Precision, typer.Option(help="Mixed precision (fp16: CUDA only).")] = Precision.fp32,
+    seed: Annotated[int, typer.Option(help="Random seed (initialization, batch order, dropout).")] = 1,
+    device: Annotated[Optional[Device], typer.Option(help="Default: cuda when available, else cpu.")] = None,
     save_interval_updates: Annotated[int, typer.Option(help="Save a numbered checkpoint every N updates.")] = 0,
     save_interval_minutes: Annotated[float, typer.Option(help="Save a numbered checkpoint every M minutes.")] = 0.0,
     keep_last: Annotated[int, typer.Option(help="Numbered checkpoints to keep (0: all).")] = 5,
@@ -193,11 +252,11 @@ def train_cmd(
     patience: Annotated[int, typer.Option(help="Stop after N validations without improvement (0: off).")] = 0,
     lr_scale: Annotated[float, typer.Option(help="Factor on the eq. 3 learning rate.")] = 1.0,
     warmup: Annotated[int, typer.Option(help="Warmup updates of eq. 3.")] = 4000,
-    label_smoothing: Annotated[float, typer.Option()] = 0.1,
+    label_smoothing: Annotated[float, typer.Option(help="Label smoothing epsilon (paper: 0.1).")] = 0.1,
     clip_norm: Annotated[float, typer.Option(help="Clip the gradient norm (0: off).")] = 0.0,
     log_interval: Annotated[int, typer.Option(help="Updates between log lines.")] = 50,
     threads: Annotated[int, typer.Option(help="CPU threads for torch (0: torch's default).")] = 0,
-    quiet: Annotated[bool, typer.Option()] = False,
+    quiet: Annotated[bool, typer.Option(help="No progress bar or log lines.")] = False,
 ) -> None:
     """Train the Transformer (single process, or one per GPU/CPU under torchrun); resumes from checkpoint_last.pt."""
     import torch
@@ -208,12 +267,13 @@ def train_cmd(
     if threads:
         torch.set_num_threads(threads)
     opts = TrainOptions(
-        data=data, save_dir=save_dir, arch=arch, layers=layers, d_model=d_model, ffn=ffn, heads=heads,
+        data=data, save_dir=save_dir, arch=arch.value, layers=layers, d_model=d_model, ffn=ffn, heads=heads,
         dropout=dropout, attention_dropout=attention_dropout, pre_norm=pre_norm, max_tokens=max_tokens,
         update_freq=update_freq, max_updates=max_updates, max_epochs=max_epochs, max_time=max_time,
-        precision=precision, seed=seed, device=device, save_interval_updates=save_interval_updates,
-        save_interval_minutes=save_interval_minutes, keep_last=keep_last, valid_interval=valid_interval,
-        eval_bleu=eval_bleu, patience=patience, lr_scale=lr_scale, warmup=warmup, label_smoothing=label_smoothing,
+        precision=precision.value, seed=seed, device=device.value if device else None,
+        save_interval_updates=save_interval_updates, save_interval_minutes=save_interval_minutes,
+        keep_last=keep_last, valid_interval=valid_interval, eval_bleu=eval_bleu, patience=patience,
+        lr_scale=lr_scale, warmup=warmup, label_smoothing=label_smoothing,
         clip_norm=clip_norm, log_interval=log_interval, quiet=quiet)
     summary = train(opts)
     main_process = int(os.environ.get("RANK", "0")) == 0
@@ -244,6 +304,12 @@ def average_cmd(
     from .checkpoint import average_checkpoints, numbered_checkpoints, save_checkpoint
 
     paths = list(checkpoints or [])
+    if last < 0:
+        raise NmtError(f"--last must be 0 or more (got {last})")
+    if not last:
+        for path in paths:
+            if path.is_dir():
+                raise NmtError(f"{path}: is a directory; give checkpoint files, or --last N {path}")
     if last:
         if len(paths) != 1 or not paths[0].is_dir():
             raise NmtError("--last N takes exactly one save directory")
@@ -309,15 +375,15 @@ def translate_cmd(
     beam: Annotated[int, typer.Option(help="Beam size.")] = 4,
     lenpen: Annotated[float, typer.Option(help="GNMT length penalty alpha.")] = 0.6,
     max_len_a: Annotated[float, typer.Option(help="Max output length = a * source length + b.")] = 1.0,
-    max_len_b: Annotated[int, typer.Option()] = 50,
+    max_len_b: Annotated[int, typer.Option(help="See --max-len-a.")] = 50,
     batch_size: Annotated[int, typer.Option(help="Sentences per batch.")] = 64,
     max_tokens: Annotated[Optional[int], typer.Option(
         help="Source tokens per batch (instead of --batch-size).")] = None,
     nbest: Annotated[int, typer.Option(help="Hypotheses per input; >1 prints LINE<TAB>SCORE<TAB>TEXT lines.")] = 1,
     greedy: Annotated[bool, typer.Option(help="Greedy decoding (no beam machinery).")] = False,
-    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
-    precision: Annotated[str, typer.Option(help="fp32, bf16 or fp16 (CUDA only).")] = "fp32",
-    quiet: Annotated[bool, typer.Option()] = False,
+    device: Annotated[Optional[Device], typer.Option(help="Default: cuda when available, else cpu.")] = None,
+    precision: Annotated[Precision, typer.Option(help="Precision (fp16: CUDA only).")] = Precision.fp32,
+    quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
 ) -> None:
     """Translate raw text; output is detokenized, one line per input line, in input order."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -325,7 +391,7 @@ def translate_cmd(
     from .textio import atomic_path, read_lines
     from .translate import Translator
 
-    translator = Translator.from_checkpoint(model, device=device, precision=precision)
+    translator = Translator.from_checkpoint(model, device=device.value if device else None, precision=precision.value)
     options = dict(beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, batch_size=batch_size,
                    max_tokens=max_tokens, greedy=greedy, nbest=nbest)
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from nmt_cli.checkpoint import load_checkpoint
+from nmt_cli.checkpoint import load_checkpoint, save_checkpoint
 from nmt_cli.translate import Translator
 
 from .conftest import expect_error, run_cli
@@ -51,13 +51,13 @@ def test_average_is_the_parameter_mean(two_checkpoints, tmp_path):
 def test_average_refuses_mismatched_checkpoints(two_checkpoints, tmp_path):
     state = torch.load(two_checkpoints / "checkpoint_6.pt", weights_only=True)
     state["vocab"] = state["vocab"][:-1] + ["other"]
-    torch.save(state, tmp_path / "other_vocab.pt")
+    save_checkpoint(state, tmp_path / "other_vocab.pt")
     r = run_cli("average", two_checkpoints / "checkpoint_3.pt", tmp_path / "other_vocab.pt", "-o", tmp_path / "x.pt")
     expect_error(r, "vocabulary differs")
     assert not (tmp_path / "x.pt").exists()
     state["vocab"] = load_checkpoint(two_checkpoints / "checkpoint_6.pt")["vocab"]
     state["config"] = {**state["config"], "ffn": 256}
-    torch.save(state, tmp_path / "other_config.pt")
+    save_checkpoint(state, tmp_path / "other_config.pt")
     r = run_cli("average", two_checkpoints / "checkpoint_3.pt", tmp_path / "other_config.pt", "-o", tmp_path / "x.pt")
     expect_error(r, "config differs")
 
