@@ -118,6 +118,9 @@ def prepare_cmd(
     normalize_punctuation: Annotated[bool, typer.Option(
         help="Normalize punctuation (Moses) and remove non-printing characters before tokenizing, as fairseq's "
              "WMT14 script does; stored with the model, so translate does the same.")] = False,
+    from_model: Annotated[Optional[Path], typer.Option(
+        help="Fine-tuning data: segment and binarize with this model's normalization, BPE codes and vocabulary "
+             "(no BPE learning) for nmt train --init-from.")] = None,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
 ) -> None:
     """Moses-tokenize, learn and apply joint BPE, build a shared vocabulary and binarize: raw text in, data dir out."""
@@ -125,7 +128,7 @@ def prepare_cmd(
 
     meta = prepare(PrepareOptions(source_lang, target_lang, train, valid, out, test or [], bpe_merges,
                                   workers or (os.cpu_count() or 1), max_len, max_ratio, vocab_threshold, force, quiet,
-                                  normalize_punctuation))
+                                  normalize_punctuation, from_model))
     if not quiet:
         dropped = meta["splits"]["train"]["filtered"]["dropped"]
         too_long = {k: v["dropped_too_long"] for k, v in meta["splits"].items() if v.get("dropped_too_long")}
@@ -255,6 +258,9 @@ def train_cmd(
     label_smoothing: Annotated[float, typer.Option(help="Label smoothing epsilon (paper: 0.1).")] = 0.1,
     clip_norm: Annotated[float, typer.Option(help="Clip the gradient norm (0: off).")] = 0.0,
     log_interval: Annotated[int, typer.Option(help="Updates between log lines.")] = 50,
+    init_from: Annotated[Optional[Path], typer.Option(
+        help="Start from this model's weights (and architecture) with a fresh optimizer and schedule: "
+             "fine-tuning on data prepared with --from-model.")] = None,
     threads: Annotated[int, typer.Option(help="CPU threads for torch (0: torch's default).")] = 0,
     quiet: Annotated[bool, typer.Option(help="No progress bar or log lines.")] = False,
 ) -> None:
@@ -274,7 +280,7 @@ def train_cmd(
         save_interval_updates=save_interval_updates, save_interval_minutes=save_interval_minutes,
         keep_last=keep_last, valid_interval=valid_interval, eval_bleu=eval_bleu, patience=patience,
         lr_scale=lr_scale, warmup=warmup, label_smoothing=label_smoothing,
-        clip_norm=clip_norm, log_interval=log_interval, quiet=quiet)
+        clip_norm=clip_norm, log_interval=log_interval, init_from=init_from, quiet=quiet)
     summary = train(opts)
     main_process = int(os.environ.get("RANK", "0")) == 0
     if summary["reason"] == "already_finished":

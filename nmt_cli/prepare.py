@@ -55,6 +55,7 @@ class PrepareOptions:
     force: bool = False
     quiet: bool = False
     normalize: bool = False  # Moses punctuation normalization + removal of non-printing characters
+    from_model: Path | None = None  # segment with this model's normalization, BPE codes and vocabulary
 
 
 def resolve_side(prefix: str, lang: str) -> Path:
@@ -248,6 +249,7 @@ def prepare(opts: PrepareOptions, on_stage: Callable[[dict], None] | None = None
     written last, so an interrupted run never leaves a directory that looks complete. `on_stage` receives
     each stage's record (name, seconds, lines, peak RSS in MB) as it ends.
     """
+    model = _model_preprocessing(opts) if opts.from_model is not None else None
     out = _check_options(opts)
     inputs = _split_inputs(opts)
     tokenizer = {"name": "moses", "escape": False, "aggressive_dash_splits": True,
@@ -257,14 +259,37 @@ def prepare(opts: PrepareOptions, on_stage: Callable[[dict], None] | None = None
         with stages.progress:
             work = staging / ".work"
             work.mkdir()
-            tokenized, counts = _tokenize(inputs, work, staging, opts, stages)
-            stages.begin("learn BPE", opts.bpe_merges, unit="merges")
-            codes = text.learn_bpe(counts, opts.bpe_merges, on_merge=lambda _: stages.advance(1))
+            tokenized, counts = _tokenize(inputs, work, staging, opts, stages, count=model is None)
+            if model is None:
+                stages.begin("learn BPE", opts.bpe_merges, unit="merges")
+                codes = text.learn_bpe(counts, opts.bpe_merges, on_merge=lambda _: stages.advance(1))
+                stages.end(len(codes.splitlines()) - 1)
+                vocab = None
+            else:
+                codes, vocab = model
             del counts
-            stages.end(len(codes.splitlines()) - 1)
-            meta = _segment_and_binarize(tokenized, staging, codes, opts, stages, tokenizer, inputs)
+            meta = _segment_and_binarize(tokenized, staging, codes, opts, stages, tokenizer, inputs, vocab=vocab)
+        if model is not None:
+            meta["from_model"] = {"path": str(opts.from_model), "sha256": file_sha256(opts.from_model)}
+            meta["bpe_merges"] = len(codes.splitlines()) - 1
         _finish(staging, out, meta)
     return meta
+
+
+def _model_preprocessing(opts: PrepareOptions) -> tuple[str, Vocabulary]:
+    """For --from-model: the model's BPE codes and vocabulary; its languages and normalization are adopted
+    (a language that contradicts -s/-t is an error)."""
+    from .checkpoint import load_checkpoint
+
+    state = load_checkpoint(opts.from_model)
+    missing = [k for k in ("vocab", "bpe_codes", "source_lang", "target_lang") if k not in state]
+    if missing:
+        raise NmtError(f"{opts.from_model}: checkpoint lacks {', '.join(missing)}")
+    if (state["source_lang"], state["target_lang"]) != (opts.source_lang, opts.target_lang):
+        raise NmtError(f"{opts.from_model}: the model translates {state['source_lang']}->{state['target_lang']}, "
+                       f"not {opts.source_lang}->{opts.target_lang}")
+    opts.normalize = bool((state.get("tokenizer") or {}).get("normalize_punctuation", False))
+    return state["bpe_codes"], Vocabulary(state["vocab"])
 
 
 def binarize_segmented(opts: PrepareOptions, codes: str) -> dict:
@@ -291,6 +316,8 @@ def _staging(out: Path) -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix=temporary_prefix(out), suffix=".tmp", dir=out.parent))
     try:
         yield path
+    except OSError as e:  # a full disk, a vanished directory: one line, nothing left that looks complete
+        raise NmtError(f"{out}: cannot write ({e.strerror or e})") from None
     finally:
         if path.exists():
             shutil.rmtree(path)
@@ -312,7 +339,7 @@ def _finish(staging: Path, out: Path, meta: dict) -> None:
 
 
 def _tokenize(inputs: dict[str, tuple[Path, Path]], work: Path, staging: Path, opts: PrepareOptions,
-              stages: _Stages) -> tuple[dict[str, tuple[Path, Path]], Counter]:
+              stages: _Stages, count: bool = True) -> tuple[dict[str, tuple[Path, Path]], Counter]:
     """Stage 1: normalize + tokenize every split into `work`, counting training words; valid/test raw text is
     copied into `staging` on the way."""
     src_lang, tgt_lang = opts.source_lang, opts.target_lang
@@ -332,7 +359,7 @@ def _tokenize(inputs: dict[str, tuple[Path, Path]], work: Path, staging: Path, o
         def jobs(paths=paths, is_train=is_train, raw_chunks=raw_chunks):
             for src, tgt in pair_chunks(*paths):
                 raw_chunks.append(None if is_train else (src, tgt))
-                yield src, tgt, is_train
+                yield src, tgt, is_train and count
 
         nonempty = [False, False]
         for src_tok, tgt_tok, chunk_counts in ordered_map(_tokenize_job, jobs(), opts.workers, _init_worker, (state,)):
@@ -355,9 +382,10 @@ def _tokenize(inputs: dict[str, tuple[Path, Path]], work: Path, staging: Path, o
 
 def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, codes: str | None,
                           opts: PrepareOptions, stages: _Stages, tokenizer: dict, originals: dict,
-                          stored_codes: str | None = None) -> dict:
+                          stored_codes: str | None = None, vocab: Vocabulary | None = None) -> dict:
     """Stages 3-5: apply BPE (or take the text as segmented when `codes` is None), filter training pairs,
-    build the vocabulary from the kept training pieces, binarize every split. Returns meta.json's contents."""
+    build the vocabulary from the kept training pieces (unless `vocab` is given), binarize every split.
+    Returns meta.json's contents."""
     src_lang, tgt_lang = opts.source_lang, opts.target_lang
     work = staging / ".work"
     work.mkdir(exist_ok=True)
@@ -401,7 +429,7 @@ def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, c
         raise NmtError(f"empty corpus: every training pair was filtered out ({dropped})")
 
     stages.begin("vocabulary", None, unit="pieces")
-    vocab = Vocabulary.from_counts(pieces, opts.vocab_threshold)
+    vocab = vocab or Vocabulary.from_counts(pieces, opts.vocab_threshold)
     vocab.save(staging / "vocab.txt")
     (staging / "bpe.codes").write_text(codes if codes is not None else (stored_codes or ""), encoding="utf-8")
     stages.end(len(vocab))

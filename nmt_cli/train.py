@@ -8,7 +8,7 @@ import os
 import sys
 import time
 from contextlib import closing, nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -71,6 +71,7 @@ class TrainOptions:
     label_smoothing: float = 0.1
     clip_norm: float = 0.0
     log_interval: int = 50
+    init_from: Path | None = None  # fine-tuning: this model's weights and architecture, fresh optimizer/schedule
     quiet: bool = False
 
 
@@ -261,9 +262,16 @@ class Trainer:
         self.device = device = D.resolve_device(opts.device, int(os.environ.get("LOCAL_RANK", "0")))
         check_precision(opts.precision, device)
         self.data = data = DataDir.open(opts.data)
-        self.config = config = make_config(
-            opts.arch, len(data.vocab), pad=data.vocab.pad, layers=opts.layers, d_model=opts.d_model, ffn=opts.ffn,
-            heads=opts.heads, dropout=opts.dropout, attention_dropout=opts.attention_dropout, pre_norm=opts.pre_norm)
+        initial = self.initial_model(data) if opts.init_from is not None else None
+        if initial is not None:  # the model's own architecture; only the dropout rates may change
+            changes = {k: v for k, v in (("dropout", opts.dropout), ("attention_dropout", opts.attention_dropout))
+                       if v is not None}
+            config = replace(ModelConfig.from_dict(initial["config"]), **changes)
+        else:
+            config = make_config(opts.arch, len(data.vocab), pad=data.vocab.pad, layers=opts.layers,
+                                 d_model=opts.d_model, ffn=opts.ffn, heads=opts.heads, dropout=opts.dropout,
+                                 attention_dropout=opts.attention_dropout, pre_norm=opts.pre_norm)
+        self.config = config
         self.save_dir = Path(opts.save_dir)
         if self.save_dir.exists() and not self.save_dir.is_dir():
             raise NmtError(f"{self.save_dir}: not a directory (--save-dir)")
@@ -279,6 +287,8 @@ class Trainer:
         self.optimizer = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
         self.scaler = torch.amp.GradScaler(device.type, enabled=opts.precision == "fp16")
         self.state = TrainState(world_size=ctx.world_size)
+        if initial is not None and resume is None:
+            model.load_state_dict(initial["model"])
         if resume is not None:
             model.load_state_dict(resume["model"])
             self.optimizer.load_state_dict(resume["optimizer"])
@@ -311,6 +321,16 @@ class Trainer:
         self.stops = StopRequests()
         self.log = JsonLog(None)
 
+    def initial_model(self, data: DataDir) -> dict:
+        """The --init-from checkpoint, checked against the data's vocabulary."""
+        state = load_checkpoint(self.opts.init_from)
+        if "model" not in state or "config" not in state or "vocab" not in state:
+            raise NmtError(f"{self.opts.init_from}: not a model checkpoint (no model, config or vocabulary)")
+        if state["vocab"] != data.vocab.symbols:
+            raise NmtError(f"{self.opts.init_from}: vocabulary differs from {data.path / 'vocab.txt'}; prepare the "
+                           f"fine-tuning data with nmt prepare --from-model {self.opts.init_from}")
+        return state
+
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict:
         """Train until a stop condition; return the final progress record (with `reason`)."""
@@ -332,6 +352,10 @@ class Trainer:
             self.log.write({"event": "start", "resumed_at": state.updates if self.resumed else None,
                             "parameters": count_parameters(self.model), "config": self.config.to_dict(),
                             "world_size": ctx.world_size, "device": str(self.device), "precision": opts.precision})
+            if opts.init_from is not None and not self.resumed:  # fine-tuning: the starting point on the new data
+                metrics = validate(self.loss_module, self.valid_corpus, self.valid_batches, self.data.vocab,
+                                   opts.precision, self.device, ctx)
+                self.log.write({"event": "valid", "update": 0, **metrics, "best": None, "baseline": True})
             self.start = time.monotonic() - state.elapsed
             self.last_interval_save = time.monotonic()
             reason = None

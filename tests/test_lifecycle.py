@@ -241,3 +241,77 @@ def test_resume_under_torchrun_is_exact(toy_data, tmp_path):
     assert {**a["progress"], "elapsed": 0} == {**b["progress"], "elapsed": 0} and b["progress"]["world_size"] == 2
     for name in a["model"]:
         assert torch.equal(a["model"][name], b["model"][name]), name
+
+
+def test_fine_tuning_on_another_domain_lowers_its_loss(tmp_path):
+    """A model trained on Multi30k (image captions), fine-tuned on news (newstest2013): data prepared with the
+    model's own BPE and vocabulary, training started from its weights; the news validation loss falls."""
+    import gzip
+
+    from .conftest import shared_data
+
+    m30k, news = shared_data("multi30k"), shared_data("wmt14")
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for lang in ("en", "de"):
+        with gzip.open(m30k / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
+            lines = f.read().splitlines()
+        (raw / f"m30k.{lang}").write_text("\n".join(lines[:3000]) + "\n", encoding="utf-8")
+        (raw / f"m30kval.{lang}").write_text("\n".join(lines[3000:3100]) + "\n", encoding="utf-8")
+        lines = (news / f"newstest2013.{lang}").read_text(encoding="utf-8").splitlines()
+        (raw / f"news.{lang}").write_text("\n".join(lines[:1000]) + "\n", encoding="utf-8")
+        (raw / f"newsval.{lang}").write_text("\n".join(lines[1000:1100]) + "\n", encoding="utf-8")
+    base = ["-s", "en", "-t", "de", "--quiet", "--workers", "1"]
+    assert run_cli("prepare", *base, "--train", raw / "m30k", "--valid", raw / "m30kval", "--bpe-merges", "800",
+                   "--out", tmp_path / "m30k").exit_code == 0
+    train(_opts(tmp_path / "m30k", tmp_path / "model", max_updates=120, max_tokens=2048, warmup=60, lr_scale=2.0,
+                dropout=0.0))
+    model = tmp_path / "model" / "checkpoint_last.pt"
+    r = run_cli("prepare", *base, "--train", raw / "news", "--valid", raw / "newsval", "--from-model", model,
+                "--out", tmp_path / "news")
+    assert r.exit_code == 0, r.output
+    meta = json.loads((tmp_path / "news" / "meta.json").read_text())
+    assert meta["from_model"]["path"] == str(model)
+    assert (tmp_path / "news" / "bpe.codes").read_text() == load_checkpoint(model)["bpe_codes"]
+    assert (tmp_path / "news" / "vocab.txt").read_text().splitlines() == load_checkpoint(model)["vocab"]
+    # a model of another vocabulary, or a file that is no model, is refused with one line
+    assert run_cli("prepare", *base, "--train", raw / "news", "--valid", raw / "newsval", "--bpe-merges", "300",
+                   "--out", tmp_path / "own").exit_code == 0
+    expect_error(run_cli("train", tmp_path / "own", "--save-dir", tmp_path / "x", "--init-from", model, "--device",
+                         "cpu", "--quiet"), "vocabulary differs", "--from-model")
+    expect_error(run_cli("train", tmp_path / "news", "--save-dir", tmp_path / "x", "--init-from",
+                         tmp_path / "m30k" / "vocab.txt", "--device", "cpu", "--quiet"), "vocab.txt", "checkpoint")
+    train(_opts(tmp_path / "news", tmp_path / "tuned", init_from=model, max_updates=40, max_tokens=2048, warmup=20,
+                valid_interval=40, dropout=0.0))
+    valid = [r for r in _log(tmp_path / "tuned") if r["event"] == "valid"]
+    assert valid[0]["update"] == 0 and valid[0]["baseline"] and valid[-1]["update"] == 40
+    assert valid[-1]["valid_loss"] < valid[0]["valid_loss"] - 0.3, valid
+    tuned = load_checkpoint(tmp_path / "tuned" / "checkpoint_last.pt")
+    assert tuned["config"] == load_checkpoint(model)["config"]  # the model's architecture, not --arch's
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_ctrl_c_during_prepare_with_workers_exits_promptly(tmp_path, attempt):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) during a 2-worker prepare: exit 130
+    with one line, within seconds, no worker tracebacks, no staging directory left."""
+    from .conftest import write_task
+
+    raw = tmp_path / "raw"
+    write_task(raw / "train", 40000, seed=1)
+    write_task(raw / "val", 10, seed=2)
+    out = tmp_path / "data"
+    proc = subprocess.Popen([sys.executable, "-m", "nmt_cli", "prepare", "-s", "en", "-t", "de", "--train",
+                             str(raw / "train"), "--valid", str(raw / "val"), "--out", str(out), "--workers", "2",
+                             "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".data.*.tmp/.work/train.tok.en")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3 * (attempt + 1))
+    os.killpg(proc.pid, signal.SIGINT)
+    start = time.monotonic()
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == ["interrupted"], err
+    assert time.monotonic() - start < 10
+    assert not out.exists() and not list(tmp_path.glob(".data.*"))
