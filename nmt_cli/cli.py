@@ -261,6 +261,8 @@ def train_cmd(
     init_from: Annotated[Optional[Path], typer.Option(
         help="Start from this model's weights (and architecture) with a fresh optimizer and schedule: "
              "fine-tuning on data prepared with --from-model.")] = None,
+    tensorboard: Annotated[Optional[Path], typer.Option(
+        help="Also write the logged scalars to this folder for tensorboard (needs nmt-cli[tensorboard]).")] = None,
     threads: Annotated[int, typer.Option(help="CPU threads for torch (0: torch's default).")] = 0,
     quiet: Annotated[bool, typer.Option(help="No progress bar or log lines.")] = False,
 ) -> None:
@@ -280,7 +282,7 @@ def train_cmd(
         save_interval_updates=save_interval_updates, save_interval_minutes=save_interval_minutes,
         keep_last=keep_last, valid_interval=valid_interval, eval_bleu=eval_bleu, patience=patience,
         lr_scale=lr_scale, warmup=warmup, label_smoothing=label_smoothing,
-        clip_norm=clip_norm, log_interval=log_interval, init_from=init_from, quiet=quiet)
+        clip_norm=clip_norm, log_interval=log_interval, init_from=init_from, tensorboard=tensorboard, quiet=quiet)
     summary = train(opts)
     main_process = int(os.environ.get("RANK", "0")) == 0
     if summary["reason"] == "already_finished":
@@ -296,6 +298,22 @@ def train_cmd(
     if not quiet and main_process:
         err.print(f"stopped ({summary['reason']}) after {summary['updates']} updates, "
                   f"{summary['elapsed']:.0f} s; best {summary['best']}")
+
+
+# ----------------------------------------------------------------------------- plot
+@app.command("plot")
+@handle_errors
+def plot_cmd(
+    save_dirs: Annotated[list[Path], typer.Argument(help="Save directories of nmt train (several are overlaid).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Image to write (.png, .pdf, .svg).")] = Path(
+        "curves.png"),
+    x: Annotated[str, typer.Option("--x", help="Horizontal axis: update or time.")] = "update",
+) -> None:
+    """Training curves from train.jsonl: train/valid loss, valid BLEU or perplexity, learning rate, tokens/s."""
+    from .plot import plot_runs
+
+    plot_runs(save_dirs, output, x)
+    err.print(f"wrote {output}", highlight=False)
 
 
 # ----------------------------------------------------------------------------- average

@@ -83,20 +83,42 @@ class Window:
         return record
 
 
-class JsonLog:
-    """Append JSON lines to train.jsonl (main process only), each stamped with the wall-clock time."""
+TENSORBOARD_SCALARS = {"train": ("loss", "lr", "tgt_tokens_per_s"),
+                       "valid": ("valid_loss", "valid_nll", "valid_ppl", "valid_bleu")}
 
-    def __init__(self, path: Path | None) -> None:
+
+def tensorboard_writer(folder: Path):
+    """A SummaryWriter for --tensorboard, or one NmtError saying how to install tensorboard."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise NmtError("--tensorboard needs the tensorboard package: pip install 'nmt-cli[tensorboard]' "
+                       "(or pip install tensorboard)") from None
+    return SummaryWriter(log_dir=str(folder))
+
+
+class JsonLog:
+    """Append JSON lines to train.jsonl (main process only), each stamped with the wall-clock time; with a
+    tensorboard writer, the same scalars go to tensorboard too (against the update number)."""
+
+    def __init__(self, path: Path | None, tensorboard=None) -> None:
         self.file = open(path, "a", encoding="utf-8") if path else None
+        self.tensorboard = tensorboard
 
     def write(self, record: dict) -> None:
         if self.file:
             self.file.write(json.dumps({**record, "time": round(time.time(), 3)}) + "\n")
             self.file.flush()
+        if self.tensorboard is not None and record.get("event") in TENSORBOARD_SCALARS:
+            for key in TENSORBOARD_SCALARS[record["event"]]:
+                if record.get(key) is not None:
+                    self.tensorboard.add_scalar(f"{record['event']}/{key}", record[key], record["update"])
 
     def close(self) -> None:
         if self.file:
             self.file.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
 
 
 def plain_line(text: str) -> None:

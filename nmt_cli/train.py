@@ -34,6 +34,7 @@ from .runstate import (
     plain_line,
     rng_state,
     set_rng_state,
+    tensorboard_writer,
 )
 from .textio import remove_temporaries
 
@@ -72,6 +73,7 @@ class TrainOptions:
     clip_norm: float = 0.0
     log_interval: int = 50
     init_from: Path | None = None  # fine-tuning: this model's weights and architecture, fresh optimizer/schedule
+    tensorboard: Path | None = None  # also write the logged scalars here for tensorboard
     quiet: bool = False
 
 
@@ -341,7 +343,8 @@ class Trainer:
             if ctx.is_main:
                 remove_temporaries(self.save_dir)  # left by killed runs; the lock says none is running
                 (self.save_dir / "options.json").write_text(json.dumps(asdict(opts), default=str, indent=2) + "\n")
-            self.log = JsonLog(self.save_dir / "train.jsonl" if ctx.is_main else None)
+            board = tensorboard_writer(opts.tensorboard) if opts.tensorboard is not None and ctx.is_main else None
+            self.log = JsonLog(self.save_dir / "train.jsonl" if ctx.is_main else None, board)
             finished = self.finished_reason()
             if finished is not None:
                 summary = {"event": "end", "reason": "already_finished", "finished_by": finished, **state.to_dict()}

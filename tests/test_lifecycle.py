@@ -315,3 +315,38 @@ def test_ctrl_c_during_prepare_with_workers_exits_promptly(tmp_path, attempt):
     assert err.strip().splitlines() == ["interrupted"], err
     assert time.monotonic() - start < 10
     assert not out.exists() and not list(tmp_path.glob(".data.*"))
+
+
+def test_plot_overlays_runs_and_tensorboard_gets_the_same_scalars(toy_data, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    train(_opts(toy_data, a, max_updates=12, log_interval=3, valid_interval=6, eval_bleu=True,
+                tensorboard=tmp_path / "tb"))
+    train(_opts(toy_data, b, max_updates=6, log_interval=2))
+    for x in ("update", "time"):
+        result = run_cli("plot", a, b, "-o", tmp_path / f"curves-{x}.png", "--x", x)
+        assert result.exit_code == 0, result.output
+        assert (tmp_path / f"curves-{x}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (tmp_path / f"curves-{x}.png").stat().st_size > 20000
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == [3, 6, 9, 12]
+    logged = [r["loss"] for r in _log(a) if r["event"] == "train"]
+    assert [e.value for e in events.Scalars("train/loss")] == pytest.approx(logged, rel=1e-6)
+    assert [e.step for e in events.Scalars("valid/valid_bleu")] == [6, 12]
+    # bad inputs: one line each
+    expect_error(run_cli("plot", tmp_path / "nope", "-o", tmp_path / "x.png"), "nope", "no such save directory")
+    (tmp_path / "empty").mkdir()
+    expect_error(run_cli("plot", tmp_path / "empty", "-o", tmp_path / "x.png"), "train.jsonl", "no such file")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "train.jsonl").write_text('{"event": "train"}\n{oops\n')
+    expect_error(run_cli("plot", tmp_path / "bad", "-o", tmp_path / "x.png"), "train.jsonl:2", "not a JSON line")
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_tensorboard_missing_is_one_line(toy_data, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails as if not installed
+    expect_error(run_cli("train", toy_data, "--save-dir", tmp_path / "ck", "--arch", "tiny", "--max-updates", "1",
+                         "--device", "cpu", "--quiet", "--tensorboard", tmp_path / "tb"),
+                 "--tensorboard needs the tensorboard package", "pip install")
