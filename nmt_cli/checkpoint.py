@@ -6,6 +6,7 @@ import hashlib
 import io
 import pickle
 import re
+import warnings
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -70,7 +71,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if path.is_dir():
         raise NmtError(f"{path}: is a directory, expected a checkpoint file")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():  # torch warns about foreign pickles; the error below says it in one line
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location=map_location, weights_only=True)
     except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, OSError,
             AttributeError, TypeError, KeyError, IndexError, MemoryError) as e:
         reason = " ".join(str(e).split())[:120] or type(e).__name__

@@ -165,6 +165,15 @@ def learn_bpe_cmd(
         tmp.write_text(codes, encoding="utf-8")
 
 
+def _stdin_lines():
+    """Lines of stdin, strictly UTF-8: bad bytes are one error naming the line."""
+    for number, raw in enumerate(sys.stdin.buffer, start=1):
+        try:
+            yield raw.decode("utf-8").rstrip("\n").rstrip("\r")
+        except UnicodeDecodeError as e:
+            raise NmtError(f"<stdin>:{number}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+
+
 def _open_output(path: Optional[Path]):
     return open(path, "w", encoding="utf-8") if path else sys.stdout
 
@@ -182,10 +191,8 @@ def apply_bpe_cmd(
     from . import text
     from .textio import atomic_path, iter_lines
 
-    if not codes.exists():
-        raise NmtError(f"{codes}: no such file")
-    bpe = text.BpeApplier(codes.read_text(encoding="utf-8"))
-    lines = iter_lines(input) if input else (line.rstrip("\n") for line in sys.stdin)
+    bpe = text.BpeApplier(text.read_codes(codes))
+    lines = iter_lines(input) if input else _stdin_lines()
 
     def convert(line: str) -> str:
         return bpe(text.tokenize(line, tokenize_lang) if tokenize_lang else line)
@@ -216,10 +223,9 @@ def binarize_cmd(
 ) -> None:
     """Build a trainable data dir from your own tokenized + BPE text (vocabulary from train, meta.json last)."""
     from .prepare import PrepareOptions, binarize_segmented
+    from .text import read_codes
 
-    if codes is not None and not codes.is_file():
-        raise NmtError(f"{codes}: no such file")
-    code_text = codes.read_text(encoding="utf-8") if codes else ""
+    code_text = read_codes(codes) if codes is not None else ""
     binarize_segmented(PrepareOptions(source_lang, target_lang, train, valid, out, test or [], max_len=max_len,
                                       max_ratio=max_ratio, vocab_threshold=vocab_threshold, force=force,
                                       quiet=True, workers=os.cpu_count() or 1), code_text)
@@ -489,6 +495,8 @@ def score_cmd(
             raise NmtError(f"<stdin>: not valid UTF-8 ({e.reason})") from None
         if hyps and hyps[-1] == "":
             hyps.pop()
+    if not hyps:
+        raise NmtError(f"{hyp or '<stdin>'}: no hypotheses (empty file): nothing to score")
     refs = [read_lines(r) for r in ref]
     for r, lines in zip(ref, refs):
         if len(lines) != len(hyps):

@@ -55,14 +55,23 @@ class IndexedDataset:
 
     def __init__(self, prefix: str | Path, dtype: np.dtype) -> None:
         prefix = Path(prefix)
-        self.offsets = np.fromfile(prefix.with_name(prefix.name + ".idx"), dtype=np.int64)
-        bin_path = prefix.with_name(prefix.name + ".bin")
+        idx_path, bin_path = prefix.with_name(prefix.name + ".idx"), prefix.with_name(prefix.name + ".bin")
+        for path in (idx_path, bin_path):
+            if not path.is_file():
+                raise NmtError(f"{path}: no such file; the data directory is incomplete (re-run nmt prepare)")
+        size = idx_path.stat().st_size
+        if size < 8 or size % 8:
+            raise NmtError(f"{idx_path}: truncated or not an index ({size} bytes; re-run nmt prepare)")
+        self.offsets = np.fromfile(idx_path, dtype=np.int64)
+        if self.offsets[0] != 0 or (np.diff(self.offsets) < 0).any():
+            raise NmtError(f"{idx_path}: corrupt index (offsets not increasing from 0; re-run nmt prepare)")
         if self.offsets[-1] == 0:
             self.tokens = np.zeros(0, dtype=dtype)
         else:
             self.tokens = np.memmap(bin_path, dtype=dtype, mode="r")
         if len(self.tokens) != self.offsets[-1]:
-            raise NmtError(f"{bin_path}: holds {len(self.tokens)} tokens, index expects {self.offsets[-1]}")
+            raise NmtError(f"{bin_path}: holds {len(self.tokens)} tokens, index {idx_path.name} expects "
+                           f"{self.offsets[-1]} (truncated? re-run nmt prepare)")
         self.sizes = np.diff(self.offsets)
 
     def __len__(self) -> int:
@@ -94,6 +103,11 @@ class DataDir:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise NmtError(f"{meta_path}: not valid JSON ({e})") from None
+        if not isinstance(meta, dict):
+            raise NmtError(f"{meta_path}: not a JSON object")
+        missing = [k for k in ("source_lang", "target_lang", "token_dtype", "splits") if k not in meta]
+        if missing:
+            raise NmtError(f"{meta_path}: lacks {', '.join(missing)} (not made by nmt prepare?)")
         vocab = Vocabulary.load(path / "vocab.txt")
         codes_path = path / "bpe.codes"
         codes = codes_path.read_text(encoding="utf-8") if codes_path.exists() else ""

@@ -7,6 +7,7 @@ import re
 from collections import Counter
 from collections.abc import Callable
 from functools import lru_cache
+from pathlib import Path
 
 from sacremoses import MosesDetokenizer, MosesPunctNormalizer, MosesTokenizer
 from subword_nmt.apply_bpe import BPE
@@ -58,6 +59,21 @@ def learn_bpe(word_counts: Counter[str], merges: int, min_frequency: int = 2,
     from .bpe import learn_bpe_codes
 
     return learn_bpe_codes(word_counts, merges, min_frequency, on_merge)
+
+
+def read_codes(path: Path) -> str:
+    """The text of a BPE codes file (subword-nmt's format); one-line NmtError when it is missing, a directory,
+    not UTF-8, or not codes (each line after the optional `#version` header is two symbols)."""
+    from .errors import NmtError
+    from .textio import read_lines
+
+    lines = read_lines(path)
+    for number, line in enumerate(lines, start=1):
+        if number == 1 and line.startswith("#version"):
+            continue
+        if len(line.split()) != 2:
+            raise NmtError(f"{path}:{number}: not a BPE codes file (expected two symbols per line)")
+    return "".join(line + "\n" for line in lines)
 
 
 class BpeApplier:

@@ -159,7 +159,12 @@ def valid_bleu(model: Transformer, data: DataDir, device: torch.device, precisio
 
 
 def check_resume(state: dict, path: Path, config: ModelConfig, data: DataDir) -> None:
-    """One-line errors when a checkpoint does not belong to this model or data."""
+    """One-line errors when a checkpoint does not belong to this model or data, or cannot resume training."""
+    missing = [k for k in ("model", "config", "vocab", "optimizer", "scaler", "rng", "progress") if k not in state]
+    if missing:
+        kind = "an averaged or exported model" if "model" in state and "optimizer" in missing else "incomplete"
+        raise NmtError(f"{path}: {kind}, without training state ({', '.join(missing)}); it cannot resume training: "
+                       "use it with --init-from in another --save-dir")
     if state["vocab"] != data.vocab.symbols:
         raise NmtError(f"{path}: vocabulary differs from {data.path / 'vocab.txt'} "
                        f"({len(state['vocab'])} vs {len(data.vocab)} symbols); use another --save-dir")

@@ -113,11 +113,23 @@ class Translator:
                         max_len_b: int = 50, batch_size: int = 64, max_tokens: int | None = None,
                         greedy: bool = False, nbest: int = 1, first_line: int = 1,
                         on_batch: Callable[[int], None] | None = None) -> list[list[tuple[str, float]]]:
-        """Up to `nbest` (translation, score) pairs per sentence, best first; empty input gives [("", 0.0)]."""
-        if beam < 1 or nbest < 1 or batch_size < 1:
-            raise NmtError("--beam, --nbest and --batch-size must be at least 1")
+        """Exactly `nbest` (translation, score) pairs per sentence, best first; empty input gives ("", 0.0)s."""
+        for flag, value in (("--beam", beam), ("--nbest", nbest), ("--batch-size", batch_size)):
+            if value < 1:
+                raise NmtError(f"{flag} must be at least 1 (got {value})")
+        if max_tokens is not None and max_tokens < 1:
+            raise NmtError(f"--max-tokens must be at least 1 (got {max_tokens})")
+        if nbest > beam:
+            raise NmtError(f"--nbest {nbest} is larger than --beam {beam}: the search keeps only {beam} hypotheses")
+        if greedy and nbest > 1:
+            raise NmtError("--nbest needs beam search; greedy search finds one hypothesis (drop --greedy)")
+        if lenpen < 0:
+            raise NmtError(f"--lenpen must be 0 or more (got {lenpen}): a negative one favours ever longer output "
+                           "and the search could not stop early")
+        if max_len_a < 0 or max_len_b < 0:
+            raise NmtError("--max-len-a and --max-len-b must be 0 or more")
         ids = self.encode(sentences, first_line)
-        results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in sentences]
+        results: list[list[tuple[str, float]]] = [[("", 0.0)] * nbest for _ in sentences]
         todo = [i for i, x in enumerate(ids) if x]
         lengths = [len(ids[i]) for i in todo]
         vocab = self.vocab
@@ -138,6 +150,8 @@ class Translator:
                                        max_len_b, nbest)
             for i, sentence_hyps in zip(rows, hyps):
                 results[i] = [(self.decode(h.tokens), h.score) for h in sentence_hyps]
+                # Exactly `nbest` per input: a search that ran out of distinct hypotheses repeats its last one.
+                results[i] += results[i][-1:] * (nbest - len(results[i]))
                 self.generated_tokens += len(sentence_hyps[0].tokens) + 1
             if on_batch:
                 on_batch(len(rows))

@@ -46,7 +46,7 @@ def test_binarize_existing_output_and_broken_data_dir(toy_data, raw, tmp_path):
         (broken / f.name).write_bytes(f.read_bytes())
     args = ["train", broken, "--save-dir", tmp_path / "ck", "--arch", "tiny", "--max-updates", "1", "--quiet"]
     (broken / "train.en.bin").write_bytes((broken / "train.en.bin").read_bytes()[:-10])
-    expect_error(run_cli(*args), "train.en.bin", "index expects")
+    expect_error(run_cli(*args), "train.en.bin", "expects")
     (broken / "meta.json").write_text("{ not json")
     expect_error(run_cli(*args), "meta.json", "not valid JSON")
 
@@ -88,3 +88,118 @@ def test_score_inputs(tmp_path):
     expect_error(run_cli("score", "--ref", tmp_path / "none", input="a\n"), "none", "no such file")
     ok = run_cli("score", "--ref", ref, "--json", "--metrics", "chrf", input="a b c\n")
     assert json.loads(ok.stdout)[0]["score"] == 100.0
+
+
+def test_output_paths_that_are_directories_or_under_files(raw, toy_data, tmp_path):
+    codes = tmp_path / "codes"
+    assert run_cli("learn-bpe", raw / "train.en", "-m", "10", "-o", codes).exit_code == 0
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("x")
+    expect_error(run_cli("learn-bpe", raw / "train.en", "-m", "10", "-o", tmp_path / "adir"), "adir",
+                 "is a directory")
+    expect_error(run_cli("learn-bpe", raw / "train.en", "-m", "10", "-o", tmp_path / "afile" / "c"), "afile",
+                 "not a directory")
+    expect_error(run_cli("apply-bpe", "-c", codes, "-i", raw / "train.en", "-o", tmp_path / "adir"), "adir",
+                 "is a directory")
+    expect_error(run_cli("apply-bpe", "-c", codes, "-i", raw / "train.en", "-o", tmp_path / "afile" / "o"), "afile",
+                 "not a directory")
+    base = ["prepare", "-s", "en", "-t", "de", "--train", raw / "train", "--valid", raw / "val", "--bpe-merges", "10",
+            "--quiet", "--workers", "1"]
+    expect_error(run_cli(*base, "--out", tmp_path / "afile" / "d"), "afile", "not a directory")
+    # --force onto a file or a symlink replaces the name, never what a link points to
+    assert run_cli(*base, "--out", tmp_path / "afile", "--force").exit_code == 0
+    assert (tmp_path / "afile" / "meta.json").exists()
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "keep").write_text("precious")
+    (tmp_path / "link").symlink_to(target)
+    assert run_cli(*base, "--out", tmp_path / "link", "--force").exit_code == 0
+    assert (target / "keep").read_text() == "precious" and (tmp_path / "link" / "meta.json").exists()
+    assert not (tmp_path / "link").is_symlink()
+    (tmp_path / "plainfile").write_text("x")
+    expect_error(run_cli("train", toy_data, "--save-dir", tmp_path / "plainfile", "--arch", "tiny", "--quiet",
+                         "--device", "cpu"), "plainfile", "not a directory")
+
+
+def test_codes_files_that_are_not_codes(raw, tmp_path):
+    (tmp_path / "latin1").write_bytes(b"#version: 0.2\nca f\xe9\n")
+    (tmp_path / "prose").write_text("#version: 0.2\nthis is not a codes file\n")
+    (tmp_path / "adir").mkdir()
+    for codes, fragments in ((tmp_path / "missing", ("no such file",)), (tmp_path / "adir", ("is a directory",)),
+                             (tmp_path / "latin1", ("latin1:2", "UTF-8")),
+                             (tmp_path / "prose", ("prose:2", "not a BPE codes file"))):
+        expect_error(run_cli("apply-bpe", "-c", codes, "-i", raw / "train.en"), str(codes), *fragments)
+        expect_error(run_cli("binarize", "-s", "en", "-t", "de", "--train", raw / "train", "--valid", raw / "val",
+                             "--out", tmp_path / "d", "--codes", codes), str(codes), *fragments)
+    assert not (tmp_path / "d").exists()
+
+
+def test_apply_bpe_refuses_non_utf8_stdin(raw, tmp_path):
+    codes = tmp_path / "codes"
+    assert run_cli("learn-bpe", raw / "train.en", "-m", "10", "-o", codes).exit_code == 0
+    expect_error(run_cli("apply-bpe", "-c", codes, input=b"fine\n\xff bad\n"), "<stdin>:2", "UTF-8")
+    expect_error(run_cli("apply-bpe", "-c", codes, "-o", tmp_path / "out", input=b"fine\n\xff bad\n"), "<stdin>:2")
+    assert not (tmp_path / "out").exists()
+
+
+def test_broken_data_dirs_name_the_file(toy_data, tmp_path):
+    import shutil
+
+    def copy(name: str):
+        d = tmp_path / name
+        shutil.copytree(toy_data, d)
+        return d
+
+    args = ["--save-dir", tmp_path / "ck", "--arch", "tiny", "--max-updates", "1", "--quiet", "--device", "cpu"]
+    d = copy("nokeys")
+    (d / "meta.json").write_text("{}")
+    expect_error(run_cli("train", d, *args), "meta.json", "lacks source_lang")
+    d = copy("nobin")
+    (d / "train.de.bin").unlink()
+    expect_error(run_cli("train", d, *args), "train.de.bin", "no such file")
+    d = copy("shortidx")
+    (d / "valid.en.idx").write_bytes((d / "valid.en.idx").read_bytes()[:-3])
+    expect_error(run_cli("train", d, *args), "valid.en.idx", "truncated")
+    d = copy("cutidx")
+    (d / "train.en.idx").write_bytes((d / "train.en.idx").read_bytes()[:-16])
+    expect_error(run_cli("train", d, *args), "train.en.idx")
+
+
+def test_checkpoints_that_are_text_averaged_or_malicious(toy_model, toy_data, tmp_path):
+    import pickle
+
+    text = tmp_path / "notes.txt"
+    text.write_text("not a model\n")
+    expect_error(run_cli("translate", "-m", text, input="W1.\n"), "notes.txt", "not a readable checkpoint")
+    expect_error(run_cli("average", text, toy_model, "-o", tmp_path / "avg.pt"), "notes.txt")
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("owned",))
+
+    evil = tmp_path / "evil.pt"
+    evil.write_bytes(pickle.dumps({"format": "nmt-checkpoint-2", "x": Evil()}))
+    result = run_cli("translate", "-m", evil, input="W1.\n")
+    expect_error(result, "evil.pt", "not a readable checkpoint")
+    assert "owned" not in result.output
+    # an averaged model cannot resume training: say so
+    save = tmp_path / "ck"
+    save.mkdir()
+    assert run_cli("average", toy_model, "-o", save / "checkpoint_last.pt").exit_code == 0
+    expect_error(run_cli("train", toy_data, "--save-dir", save, "--arch", "tiny", "--quiet", "--device", "cpu"),
+                 "averaged or exported model", "--init-from")
+
+
+def test_translate_and_score_limits(toy_model, tmp_path):
+    for args, fragment in ((("--beam", "0"), "--beam must be at least 1"), (("--nbest", "0"), "--nbest"),
+                           (("--batch-size", "0"), "--batch-size"), (("--nbest", "5", "--beam", "4"), "larger than"),
+                           (("--nbest", "2", "--greedy"), "greedy"), (("--lenpen", "-1"), "--lenpen"),
+                           (("--max-tokens", "0"), "--max-tokens")):
+        expect_error(run_cli("translate", "-m", toy_model, *args, input="W1 w2.\n"), fragment)
+    src = tmp_path / "src"
+    src.write_text("W1 w2.\n\nW3 w4 w5.\n")
+    result = run_cli("translate", "-m", toy_model, "-i", src, "--nbest", "3", "--beam", "3")
+    lines = result.stdout.splitlines()
+    assert result.exit_code == 0 and [int(x.split("\t")[0]) for x in lines] == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+    (tmp_path / "empty").write_text("")
+    expect_error(run_cli("score", "--ref", tmp_path / "empty", "--hyp", tmp_path / "empty"), "empty", "nothing")
