@@ -181,3 +181,20 @@ def test_bad_translate_input(toy_model, tmp_path):
     out = tmp_path / "never.de"
     run_cli("translate", "-m", toy_model, "-i", bad, "-o", out)
     assert not out.exists()
+
+
+def test_beam_one_equals_greedy_on_an_untrained_model(toy_data, sources):
+    """Untrained, outputs run to the length limit with </s> often second best: only a </s> among the top `beam`
+    candidates may finish a hypothesis, so beam 1 stays on greedy's path."""
+    from nmt_cli.data import DataDir
+
+    data = DataDir.open(toy_data)
+    torch.manual_seed(4)
+    model = Transformer(make_config("tiny", len(data.vocab))).eval()
+    with torch.no_grad():  # pull </s> towards the other outputs, so that it is often a close second
+        model.embed.weight[data.vocab.eos] += 5 * model.embed.weight[4:].mean(0)
+    # (with the old rule, any </s> among the top 2 x beam finishing a hypothesis, ~25 of these 40 differ)
+    translator = Translator([model], data.vocab, data.bpe_codes, "en", "de", torch.device("cpu"))
+    beam = translator.translate(sources[:40], beam=1, lenpen=0.0)
+    assert beam == translator.translate(sources[:40], greedy=True)
+    assert max(len(h.split()) for h in beam) > 10  # it really ran long
