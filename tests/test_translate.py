@@ -142,7 +142,7 @@ def test_cli_file_and_stdin(toy_model, tmp_path, translator):
     assert r.exit_code == 0 and r.stdout.splitlines() == expected
     r = run_cli("translate", "-m", toy_model, "-i", src, "--nbest", "2")
     rows = [line.split("\t") for line in r.stdout.splitlines()]
-    assert [row[0] for row in rows] == ["1", "1", "2", "3", "3", "4", "4"]
+    assert [row[0] for row in rows] == ["1", "1", "2", "2", "3", "3", "4", "4"]  # exactly N per input line
     assert rows[0][2] == expected[0]
 
 
