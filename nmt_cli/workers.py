@@ -27,7 +27,14 @@ def ordered_map(fn: Callable[[Any], Any], jobs: Iterable[Any], workers: int,
     limit = workers * in_flight_per_worker
     # Workers ignore Ctrl-C: the main process alone gets KeyboardInterrupt, and leaving this block
     # terminates the pool at once (no tracebacks from every worker, no wait for their queues).
-    with ctx.Pool(workers, initializer=_start_worker, initargs=(initializer, initargs)) as pool:
+    # SIGINT is blocked while the workers fork, so none can take a Ctrl-C before it ignores SIGINT; one that
+    # arrives meanwhile is delivered to this process when the mask is restored.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        pool = ctx.Pool(workers, initializer=_start_worker, initargs=(initializer, initargs))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    with pool:
         pending: deque = deque()
         for job in jobs:
             pending.append(pool.apply_async(fn, (job,)))
@@ -39,5 +46,6 @@ def ordered_map(fn: Callable[[Any], Any], jobs: Iterable[Any], workers: int,
 
 def _start_worker(initializer: Callable[..., None] | None, initargs: tuple) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if initializer is not None:
         initializer(*initargs)
