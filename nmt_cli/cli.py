@@ -127,8 +127,8 @@ def prepare_cmd(
     from .prepare import PrepareOptions, prepare
 
     meta = prepare(PrepareOptions(source_lang, target_lang, train, valid, out, test or [], bpe_merges,
-                                  workers or (os.cpu_count() or 1), max_len, max_ratio, vocab_threshold, force, quiet,
-                                  normalize_punctuation, from_model))
+                                  workers if workers != 0 else (os.cpu_count() or 1), max_len, max_ratio,
+                                  vocab_threshold, force, quiet, normalize_punctuation, from_model))
     if not quiet:
         dropped = meta["splits"]["train"]["filtered"]["dropped"]
         too_long = {k: v["dropped_too_long"] for k, v in meta["splits"].items() if v.get("dropped_too_long")}
@@ -154,6 +154,8 @@ def learn_bpe_cmd(
 
     if merges < 1:
         raise NmtError(f"--merges must be at least 1 (got {merges})")
+    if min_frequency < 1:
+        raise NmtError(f"--min-frequency must be at least 1 (got {min_frequency})")
     counts: Counter[str] = Counter()
     for path in inputs:
         for line in iter_lines(path):

@@ -225,8 +225,12 @@ def _check_options(opts: PrepareOptions) -> Path:
         raise NmtError(f"--bpe-merges must be at least 1 (got {opts.bpe_merges})")
     if not 1 <= opts.max_len <= MAX_POSITIONS - 1:
         raise NmtError(f"--max-len must be between 1 and {MAX_POSITIONS - 1} (got {opts.max_len})")
-    if opts.max_ratio < 1:
+    if not opts.max_ratio >= 1:
         raise NmtError(f"--max-ratio must be at least 1 (got {opts.max_ratio})")
+    if opts.vocab_threshold < 1:
+        raise NmtError(f"--vocab-threshold must be at least 1 (got {opts.vocab_threshold})")
+    if opts.workers < 1:
+        raise NmtError(f"--workers must be at least 1, or 0 for all cores (got {opts.workers})")
     if opts.source_lang == opts.target_lang:
         raise NmtError(f"source and target language are both {opts.source_lang!r}")
     out = Path(opts.out)

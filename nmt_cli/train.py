@@ -370,7 +370,7 @@ class Trainer:
             # A terminal gets a live bar; a log file (nohup, SLURM, `> log`) gets plain timestamped lines.
             self.plain = ctx.is_main and not opts.quiet and not sys.stdout.isatty()
             if self.plain:
-                plain_line(f"nmt {__version__}: {' '.join(sys.argv)}")
+                plain_line(f"nmt {__version__}: nmt {' '.join(sys.argv[1:])}")
                 plain_line(f"{count_parameters(self.model):,} parameters, {ctx.world_size} process(es) on "
                            f"{self.device}, {opts.precision}; "
                            + (f"resuming at update {state.updates}" if self.resumed else "starting") + "; config "

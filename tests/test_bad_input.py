@@ -203,3 +203,20 @@ def test_translate_and_score_limits(toy_model, tmp_path):
     assert result.exit_code == 0 and [int(x.split("\t")[0]) for x in lines] == [1, 1, 1, 2, 2, 2, 3, 3, 3]
     (tmp_path / "empty").write_text("")
     expect_error(run_cli("score", "--ref", tmp_path / "empty", "--hyp", tmp_path / "empty"), "empty", "nothing")
+
+
+def test_average_of_a_directory_needs_last(toy_model, tmp_path):
+    expect_error(run_cli("average", toy_model.parent, "-o", tmp_path / "a.pt"), "is a directory", "--last N")
+    assert not (tmp_path / "a.pt").exists()
+
+
+def test_version_help_and_summary(raw, tmp_path):
+    from nmt_cli import __version__
+
+    assert run_cli("--version").stdout.strip() == f"nmt {__version__}"
+    help_text = run_cli("train", "-h").stdout
+    assert "Usage" in help_text and "--arch" in help_text and "tiny|small" in help_text
+    result = run_cli("prepare", "-s", "en", "-t", "de", "--train", raw / "train", "--valid", raw / "val", "--out",
+                     tmp_path / "d", "--bpe-merges", "20", "--workers", "1")
+    assert result.exit_code == 0
+    assert "training pairs dropped: 0 empty, 0 over --max-len, 0 over --max-ratio" in result.stderr

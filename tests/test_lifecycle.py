@@ -350,3 +350,99 @@ def test_tensorboard_missing_is_one_line(toy_data, tmp_path, monkeypatch):
     expect_error(run_cli("train", toy_data, "--save-dir", tmp_path / "ck", "--arch", "tiny", "--max-updates", "1",
                          "--device", "cpu", "--quiet", "--tensorboard", tmp_path / "tb"),
                  "--tensorboard needs the tensorboard package", "pip install")
+
+
+def test_redirected_log_has_plain_timestamped_lines(toy_data, tmp_path):
+    """stdout to a file (nohup, SLURM): a first line with the command and options, then one line per interval."""
+    log = tmp_path / "log.txt"
+    with open(log, "w") as out:
+        result = subprocess.run(_train_cli(toy_data, tmp_path / "ck", "--max-updates", "6", "--log-interval", "2"),
+                                stdout=out, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = log.read_text().splitlines()
+    stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d "
+    import re
+
+    assert re.match(stamp + r"nmt \d+\.\d+\.\d+: nmt train ", lines[0])
+    assert re.match(stamp + r"[\d,]+ parameters, 1 process\(es\) on cpu, fp32; starting; config \{", lines[1])
+    updates = [line for line in lines if "| upd " in line]
+    assert len(updates) == 3 and all(re.match(stamp + r"epoch \d+ \| upd \d+ loss [\d.]+ lr ", u) for u in updates)
+    assert all("elapsed 0:00:" in u and "eta 0:00:" in u for u in updates)
+    assert any("valid_loss" in line for line in lines)
+    assert "\x1b[" not in log.read_text()  # no terminal control codes in a log file
+
+
+def test_sigterm_under_torchrun_stops_every_rank_at_the_same_update(toy_data, tmp_path):
+    save = tmp_path / "ck"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "nmt_cli",
+           "train", str(toy_data), "--save-dir", str(save), "--arch", "tiny", "--max-tokens", "256", "--warmup", "50",
+           "--device", "cpu", "--seed", "7", "--log-interval", "1", "--max-updates", "100000"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    _wait_for_updates(save, 3, proc, timeout=180)
+    os.killpg(proc.pid, signal.SIGTERM)  # the scheduler signals the job's whole process group
+    proc.communicate(timeout=120)
+    stop = [r for r in _log(save) if r["event"] == "stop"]
+    assert len(stop) == 1 and stop[0]["signal"] == "SIGTERM"
+    state = load_checkpoint(save / "checkpoint_last.pt")
+    assert state["progress"]["updates"] == stop[0]["update"] and len(state["rng"]) == 2  # both ranks saved alike
+    resumed = subprocess.run([*cmd[:-1], str(stop[0]["update"] + 2), "--quiet"], capture_output=True, text=True,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=180)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert load_checkpoint(save / "checkpoint_last.pt")["updates"] == stop[0]["update"] + 2
+
+
+def test_full_disk_for_prepare_and_translate_outputs(toy_model, toy_data, tmp_path, monkeypatch):
+    raw = toy_data.parent / "raw"
+    src = tmp_path / "in.en"
+    src.write_text("W1 w2.\n")
+    (tmp_path / "out.de").write_text("previous\n")
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("nmt_cli.textio.fsync_path", full)
+    monkeypatch.setattr("nmt_cli.prepare.fsync_path", full)
+    expect_error(run_cli("translate", "-m", toy_model, "-i", src, "-o", tmp_path / "out.de", "--quiet"), "out.de",
+                 "No space left on device")
+    assert (tmp_path / "out.de").read_text() == "previous\n"
+    expect_error(run_cli("prepare", "-s", "en", "-t", "de", "--train", raw / "train", "--valid", raw / "valid",
+                         "--out", tmp_path / "data", "--bpe-merges", "20", "--quiet", "--workers", "1"),
+                 "data", "No space left on device")
+    assert not (tmp_path / "data").exists() and not list(tmp_path.glob(".data.*"))
+
+
+def test_numeric_options_out_of_range(toy_data, toy_model, tmp_path):
+    raw = toy_data.parent / "raw"
+    prep = ["prepare", "-s", "en", "-t", "de", "--train", raw / "train", "--valid", raw / "valid", "--out",
+            tmp_path / "d", "--quiet"]
+    for flag, value in (("--bpe-merges", "-5"), ("--max-len", "100000"), ("--max-ratio", "0.5"),
+                        ("--vocab-threshold", "0"), ("--workers", "-2")):
+        expect_error(run_cli(*prep, flag, value), flag)
+    tr = ["train", toy_data, "--save-dir", tmp_path / "ck", "--arch", "tiny", "--device", "cpu", "--quiet"]
+    for flag, value in (("--warmup", "0"), ("--log-interval", "0"), ("--d-model", "0"), ("--label-smoothing", "1"),
+                        ("--label-smoothing", "-0.1"), ("--dropout", "1.5"), ("--max-tokens", "-1"),
+                        ("--lr-scale", "0"), ("--clip-norm", "-1"), ("--max-time", "-3"), ("--keep-last", "-1"),
+                        ("--heads", "-4"), ("--lr-scale", "nan")):
+        expect_error(run_cli(*tr, flag, value), flag)
+    assert not (tmp_path / "ck").exists()
+    expect_error(run_cli("learn-bpe", raw / "train.en", "-o", tmp_path / "c", "--min-frequency", "0"),
+                 "--min-frequency")
+    expect_error(run_cli("average", "--last", "-1", toy_model.parent, "-o", tmp_path / "a.pt"), "--last")
+
+
+def test_nothing_is_written_outside_the_named_outputs(toy_data, toy_model, tmp_path):
+    """train and translate leave the temp dir as they found it (no compiler caches, no stray files)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(_train_cli(toy_data, tmp_path / "ck", "--max-updates", "2", "--quiet",
+                                       "--precision", "bf16"), capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    result = subprocess.run([sys.executable, "-m", "nmt_cli", "translate", "-m", str(toy_model), "--precision", "bf16",
+                             "-o", str(tmp_path / "out.de")], input="W1 w2.\n", capture_output=True, text=True,
+                            env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert list(tmp.iterdir()) == []
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [".lock", "checkpoint_best.pt", "checkpoint_last.pt",
+                                                                   "options.json", "train.jsonl"]
