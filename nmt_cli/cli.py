@@ -26,7 +26,7 @@ except ImportError:  # pragma: no cover
 
 from .errors import NmtError
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # messages stay one line in logs, whatever the width
 Arch = Enum("Arch", {name: name for name in ("tiny", "small", "base", "big")}, type=str)
 Precision = Enum("Precision", {name: name for name in ("fp32", "bf16", "fp16")}, type=str)
 Device = Enum("Device", {name: name for name in ("cpu", "cuda")}, type=str)
