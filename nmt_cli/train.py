@@ -1,4 +1,4 @@
-"""`nmt train`: the paper's training recipe (section 5) with token batching, AMP, torchrun DDP and exact resume."""
+"""`nmt train`: the paper's training recipe (section 5), the run loop and its bookkeeping (update.py: the update)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -23,7 +22,6 @@ from .checkpoint import load_checkpoint, numbered_checkpoints, save_checkpoint
 from .data import Batch, DataDir, collate, make_batches, prefetch, shuffled
 from .errors import NmtError
 from .model import ModelConfig, Transformer, count_parameters, make_config
-from .ops import linear_cross_entropy, linear_cross_entropy_and_nll
 from .runstate import (
     EXIT_CODES,
     JsonLog,
@@ -37,6 +35,14 @@ from .runstate import (
     tensorboard_writer,
 )
 from .textio import remove_temporaries
+from .update import (  # noqa: F401  (re-exported: nmt_cli.train is where callers look for the update)
+    TranslationLoss,
+    autocast_context,
+    inverse_sqrt_lr,
+    train_step,
+    valid_bleu,
+    validate,
+)
 
 
 @dataclass
@@ -77,39 +83,6 @@ class TrainOptions:
     quiet: bool = False
 
 
-def inverse_sqrt_lr(step: int, d_model: int, warmup: int, scale: float = 1.0) -> float:
-    """lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (paper eq. 3), times `scale`."""
-    step = max(step, 1)
-    return scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
-
-
-class TranslationLoss(nn.Module):
-    """The model plus its training criterion, so DDP sees one forward: label-smoothed cross-entropy, summed."""
-
-    def __init__(self, model: Transformer, label_smoothing: float) -> None:
-        super().__init__()
-        self.model, self.label_smoothing = model, label_smoothing
-
-    def forward(self, src: torch.Tensor, prev_output: torch.Tensor, target_index: torch.Tensor,
-                target: torch.Tensor, with_nll: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Summed loss over the real target tokens: `target_index` (n,) flat positions into (B, T), `target`
-        (n,) their ids. With `with_nll` (no gradients), also the summed NLL of the same forward pass."""
-        hidden = self.model(src, prev_output).flatten(0, 1).index_select(0, target_index)  # (n, d)
-        # Only the real target positions reach the output projection (padding would cost matmul rows),
-        # and the (tokens x V) logits are never held at once (see ops.linear_cross_entropy).
-        if with_nll:
-            return linear_cross_entropy_and_nll(hidden, self.model.embed.weight, target, self.label_smoothing)
-        return linear_cross_entropy(hidden, self.model.embed.weight, target, self.label_smoothing)
-
-
-def autocast_context(precision: str, device: torch.device):
-    """torch.autocast for bf16/fp16, a no-op for fp32."""
-    if precision == "fp32":
-        return nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
-
 def check_precision(precision: str, device: torch.device) -> None:
     """Refuse precisions the device cannot run, with one line."""
     if precision not in ("fp32", "bf16", "fp16"):
@@ -118,44 +91,6 @@ def check_precision(precision: str, device: torch.device) -> None:
         raise NmtError("--precision fp16 needs CUDA (loss scaling is for GPUs); on CPU use bf16 or fp32")
     if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise NmtError("--precision bf16: this GPU does not support bfloat16; use fp16")
-
-
-@torch.no_grad()
-def validate(loss_module: TranslationLoss, corpus, batches, vocab, precision: str, device: torch.device,
-             ctx: D.DistContext) -> dict:
-    """Validation loss (label-smoothed), NLL and perplexity over the whole split, summed over processes."""
-    was_training = loss_module.training
-    loss_module.eval()
-    totals = torch.zeros(2, dtype=torch.float64, device=device)  # loss, nll: read once at the end
-    ntokens = 0
-    for indices in batches[ctx.rank :: ctx.world_size]:
-        batch = collate(corpus, indices, vocab).to(device)
-        with autocast_context(precision, device):
-            loss, nll = loss_module(batch.src, batch.prev_output, batch.target_index, batch.target, with_nll=True)
-        totals += torch.stack([loss, nll]).double()
-        ntokens += batch.ntokens
-    counts = torch.cat([totals, torch.full((1,), ntokens, dtype=torch.float64, device=device)])
-    loss, nll, ntokens = D.all_reduce_sum(counts, ctx, device)
-    loss_module.train(was_training)
-    return {"valid_loss": loss / ntokens, "valid_nll": nll / ntokens, "valid_ppl": math.exp(nll / ntokens)}
-
-
-def valid_bleu(model: Transformer, data: DataDir, device: torch.device, precision: str) -> float:
-    """Greedy-decode the valid source and score detokenized output against the raw reference with sacreBLEU."""
-    import sacrebleu
-
-    from .translate import Translator
-
-    translator = Translator([model], data.vocab, data.bpe_codes, data.source_lang, data.target_lang, device,
-                            precision=precision,
-                            normalize=bool(data.meta.get("tokenizer", {}).get("normalize_punctuation", False)))
-    sources = (data.path / f"valid.raw.{data.source_lang}").read_text(encoding="utf-8").splitlines()
-    refs = (data.path / f"valid.raw.{data.target_lang}").read_text(encoding="utf-8").splitlines()
-    was_training = model.training
-    model.eval()
-    hyps = translator.translate(sources, greedy=True, max_tokens=4096)
-    model.train(was_training)
-    return sacrebleu.corpus_bleu(hyps, [refs]).score
 
 
 def check_resume(state: dict, path: Path, config: ModelConfig, data: DataDir) -> None:
@@ -213,49 +148,6 @@ def check_lengths(data: DataDir, splits: dict, config: ModelConfig) -> None:
         if longest + 1 > config.max_positions:  # + </s> (or <s>)
             raise NmtError(f"{data.path}: the {name} split has a sentence of {longest} tokens, more than the "
                            f"model's {config.max_positions} positions hold; re-run nmt prepare (--max-len)")
-
-
-def train_step(runner: nn.Module, model: Transformer, micro: list[Batch], optimizer, scaler, opts: TrainOptions,
-               ctx: D.DistContext, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One update from the micro-batches of `micro` (gradient accumulation); returns this process's summed
-    loss and the global target token count, both on the device, or (loss, None) when the update was skipped
-    (non-finite gradients: weights and optimizer untouched).
-
-    The loss is summed over target tokens and divided by the global token count; DDP averages gradients
-    over processes, hence the world_size factor. The only host sync is the finiteness check of the gradient
-    norm, once per update (it is the all-reduced gradient, so every process decides alike).
-    """
-    local_tokens = sum(b.ntokens for b in micro)
-    # Filled on the device (torch.tensor would copy from pageable host memory, which waits for the stream).
-    global_tokens = torch.full((), local_tokens, dtype=torch.float64, device=device)
-    if ctx.enabled:
-        dist.all_reduce(global_tokens)  # stays on the device: no host read
-    factor = (ctx.world_size / global_tokens).float()
-    update_loss = torch.zeros((), dtype=torch.float64, device=device)
-    for i, batch in enumerate(micro):
-        sync = i == len(micro) - 1
-        with runner.no_sync() if ctx.enabled and not sync else nullcontext():
-            with autocast_context(opts.precision, device):
-                loss = runner(batch.src, batch.prev_output, batch.target_index, batch.target)
-            scaler.scale(loss * factor).backward()
-        update_loss += loss.detach()
-    if scaler.is_enabled():
-        scaler.unscale_(optimizer)
-    if opts.clip_norm > 0:
-        norm = nn.utils.clip_grad_norm_(model.parameters(), opts.clip_norm)
-    else:
-        norm = nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
-    if scaler.is_enabled():
-        scale_before = scaler.get_scale()
-        scaler.step(optimizer)  # skips the step itself on inf/NaN gradients
-        scaler.update()
-        skipped = scaler.get_scale() < scale_before
-    else:
-        skipped = not math.isfinite(float(norm))
-        if not skipped:
-            optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return update_loss, None if skipped else global_tokens
 
 
 class Trainer:
