@@ -43,4 +43,4 @@ def print_table(title: str, columns: list[str], rows: list[list]) -> None:
         table.add_column(col, justify="left" if i == 0 else "right")
     for row in rows:
         table.add_row(*[f"{x:,.1f}" if isinstance(x, float) else str(x) for x in row])
-    Console().print(table)
+    Console(width=max(Console().width, 140)).print(table)
