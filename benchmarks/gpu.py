@@ -129,7 +129,7 @@ def worker(archs: list[str], precisions: list[str], updates: int, warmup: int) -
             torch.cuda.synchronize(device)
             seconds = time.perf_counter() - start
             per_gpu = tokens / seconds
-            (total,) = D.all_reduce_sum([per_gpu], ctx, device)
+            (total,) = D.all_reduce([per_gpu], ctx, device)
             flops = flops_per_target_token(arch)
             if ctx.is_main:
                 print(json.dumps({"arch": arch, "precision": precision, "gpus": world, "gpu": name,

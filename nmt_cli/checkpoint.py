@@ -50,17 +50,27 @@ def payload_digest(obj) -> str:
     return digest.hexdigest()
 
 
-def save_checkpoint(state: dict, path: str | Path) -> None:
-    """Write `state` (with its checksum) through a temporary file that is flushed to disk and renamed, so a
-    crash or a power cut never leaves a truncated checkpoint; a full disk is one NmtError, the old file kept."""
+def serialize_checkpoint(state: dict) -> bytes:
+    """The file contents of a checkpoint of `state`: its format, its contents and their checksum."""
     payload = {**state, "format": FORMAT}
     payload.pop("sha256", None)
     payload["sha256"] = payload_digest(payload)
     buffer = io.BytesIO()
     torch.save(payload, buffer)
+    return buffer.getvalue()
+
+
+def write_checkpoint(blob: bytes, path: str | Path) -> None:
+    """Write serialized checkpoint bytes through a temporary file that is flushed to disk and renamed, so a
+    crash or a power cut never leaves a truncated checkpoint; a full disk is one NmtError, the old file kept."""
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as f:
-            f.write(buffer.getbuffer())
+            f.write(blob)
+
+
+def save_checkpoint(state: dict, path: str | Path) -> None:
+    """serialize_checkpoint + write_checkpoint."""
+    write_checkpoint(serialize_checkpoint(state), path)
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:

@@ -149,7 +149,7 @@ def learn_bpe_cmd(
     min_frequency: Annotated[int, typer.Option(help="Stop when the best pair is rarer than this.")] = 2,
 ) -> None:
     """Learn joint BPE codes from already tokenized text (the codes subword-nmt learns, faster)."""
-    from .text import learn_bpe
+    from .bpe import learn_bpe_codes
     from .textio import atomic_path, iter_lines
 
     if merges < 1:
@@ -162,7 +162,7 @@ def learn_bpe_cmd(
             counts.update(line.split())
     if not counts:
         raise NmtError("empty corpus: the inputs hold no words")
-    codes = learn_bpe(counts, merges, min_frequency)
+    codes = learn_bpe_codes(counts, merges, min_frequency)
     with atomic_path(output) as tmp:
         tmp.write_text(codes, encoding="utf-8")
 
@@ -365,12 +365,10 @@ def _stdin_batches(max_lines: int):
 
     def reader() -> None:
         try:
-            for number, raw in enumerate(sys.stdin.buffer, start=1):
-                try:
-                    q.put((number, raw.decode("utf-8").rstrip("\n").rstrip("\r")))
-                except UnicodeDecodeError as e:
-                    q.put(NmtError(f"<stdin>:{number}: not valid UTF-8 ({e.reason} at byte {e.start})"))
-                    return
+            for item in enumerate(_stdin_lines(), start=1):
+                q.put(item)
+        except NmtError as e:
+            q.put(e)
         finally:
             q.put(done)
 

@@ -19,7 +19,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib.metadata import PackageNotFoundError, version
 from itertools import islice
 from pathlib import Path
@@ -27,6 +27,7 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from . import text
+from .bpe import learn_bpe_codes
 from .data import BinarizedWriter, token_dtype
 from .errors import NmtError
 from .textio import apply_default_mode, file_sha256, fsync_path, iter_lines, remove_temporaries, temporary_prefix
@@ -253,11 +254,13 @@ def prepare(opts: PrepareOptions, on_stage: Callable[[dict], None] | None = None
     written last, so an interrupted run never leaves a directory that looks complete. `on_stage` receives
     each stage's record (name, seconds, lines, peak RSS in MB) as it ends.
     """
-    model = _model_preprocessing(opts) if opts.from_model is not None else None
+    model = None
+    if opts.from_model is not None:  # the model's codes, vocabulary and normalization
+        codes, vocab, normalize = _model_preprocessing(opts)
+        opts, model = replace(opts, normalize=normalize), (codes, vocab)
     out = _check_options(opts)
     inputs = _split_inputs(opts)
-    tokenizer = {"name": "moses", "escape": False, "aggressive_dash_splits": True,
-                 "normalize_punctuation": opts.normalize}
+    tokenizer = _tokenizer_meta(opts.normalize)
     with _staging(out) as staging:
         stages = _Stages(opts.quiet, on_stage, staging)
         with stages.progress:
@@ -266,7 +269,7 @@ def prepare(opts: PrepareOptions, on_stage: Callable[[dict], None] | None = None
             tokenized, counts = _tokenize(inputs, work, staging, opts, stages, count=model is None)
             if model is None:
                 stages.begin("learn BPE", opts.bpe_merges, unit="merges")
-                codes = text.learn_bpe(counts, opts.bpe_merges, on_merge=lambda _: stages.advance(1))
+                codes = learn_bpe_codes(counts, opts.bpe_merges, on_merge=lambda _: stages.advance(1))
                 stages.end(len(codes.splitlines()) - 1)
                 vocab = None
             else:
@@ -280,9 +283,14 @@ def prepare(opts: PrepareOptions, on_stage: Callable[[dict], None] | None = None
     return meta
 
 
-def _model_preprocessing(opts: PrepareOptions) -> tuple[str, Vocabulary]:
-    """For --from-model: the model's BPE codes and vocabulary; its languages and normalization are adopted
-    (a language that contradicts -s/-t is an error)."""
+def _tokenizer_meta(normalize: bool) -> dict:
+    """How text was tokenized, as meta.json and checkpoints record it (translate repeats it)."""
+    return {"name": "moses", "escape": False, "aggressive_dash_splits": True, "normalize_punctuation": normalize}
+
+
+def _model_preprocessing(opts: PrepareOptions) -> tuple[str, Vocabulary, bool]:
+    """For --from-model: the model's BPE codes, vocabulary and normalization setting (a language that
+    contradicts -s/-t is an error)."""
     from .checkpoint import load_checkpoint
 
     state = load_checkpoint(opts.from_model)
@@ -292,15 +300,15 @@ def _model_preprocessing(opts: PrepareOptions) -> tuple[str, Vocabulary]:
     if (state["source_lang"], state["target_lang"]) != (opts.source_lang, opts.target_lang):
         raise NmtError(f"{opts.from_model}: the model translates {state['source_lang']}->{state['target_lang']}, "
                        f"not {opts.source_lang}->{opts.target_lang}")
-    opts.normalize = bool((state.get("tokenizer") or {}).get("normalize_punctuation", False))
-    return state["bpe_codes"], Vocabulary(state["vocab"])
+    normalize = bool((state.get("tokenizer") or {}).get("normalize_punctuation", False))
+    return state["bpe_codes"], Vocabulary(state["vocab"]), normalize
 
 
 def binarize_segmented(opts: PrepareOptions, codes: str) -> dict:
     """`nmt binarize`: your own tokenized + BPE text -> data dir; valid/test raw text is derived from it."""
     out = _check_options(opts)
     inputs = _split_inputs(opts)
-    tokenizer = {"name": "moses", "escape": False, "aggressive_dash_splits": True, "normalize_punctuation": False}
+    tokenizer = _tokenizer_meta(False)
     with _staging(out) as staging:
         stages = _Stages(opts.quiet, None, staging)
         with stages.progress:
@@ -398,7 +406,7 @@ def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, c
     pieces: Counter = Counter()
     dropped = {"empty": 0, "too_long": 0, "ratio": 0}
     input_sentences = 0
-    segmented = {}
+    segmented, sentences = {}, {}
     stages.begin("apply BPE" if codes is not None else "filter", None)
     done = 0
     for name, paths in inputs.items():
@@ -410,6 +418,7 @@ def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, c
         if derive_raw:
             writers += [_Writer(staging / f"{name}.raw.{lang}") for lang in (src_lang, tgt_lang)]
         jobs = ((s, t, is_train) for s, t in pair_chunks(*paths))
+        sentences[name] = 0
         for src, tgt, chunk_dropped, chunk_pieces in ordered_map(_segment_job, jobs, opts.workers, _init_worker,
                                                                  (state,)):
             raws = ()
@@ -423,12 +432,13 @@ def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, c
                 for reason, n in chunk_dropped.items():
                     dropped[reason] += n
                 pieces.update(chunk_pieces)
+            sentences[name] += len(src)
             done += 2 * len(src)
             stages.advance(2 * len(src))
         for writer in writers:
             writer.close()
     stages.end(done)
-    kept = input_sentences - sum(dropped.values())
+    kept = sentences["train"]
     if kept == 0:
         raise NmtError(f"empty corpus: every training pair was filtered out ({dropped})")
 
@@ -439,7 +449,7 @@ def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, c
     stages.end(len(vocab))
     del pieces
 
-    stages.begin("binarize", 2 * kept + sum(2 * _count_lines(segmented[n][0]) for n in segmented if n != "train"))
+    stages.begin("binarize", 2 * sum(sentences.values()))
     state = {"symbols": vocab.symbols}
     split_meta: dict[str, dict] = {}
     done = 0
@@ -483,7 +493,3 @@ def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, c
         "versions": package_versions(),
     }
 
-
-def _count_lines(path: Path) -> int:
-    with open(path, "rb") as f:
-        return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import io
 import re
-from collections import Counter
-from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 
@@ -48,17 +46,6 @@ def detokenize(line: str, lang: str) -> str:
 def remove_bpe(line: str) -> str:
     """Join BPE pieces (``ne@@ w`` -> ``new``)."""
     return (line + " ").replace(BPE_SEPARATOR + " ", "").rstrip()
-
-
-def learn_bpe(word_counts: Counter[str], merges: int, min_frequency: int = 2,
-              on_merge: Callable[[int], None] | None = None) -> str:
-    """Learn `merges` BPE merge operations from word counts; return the codes file text.
-
-    The codes are byte-identical to subword-nmt's `learn-bpe --dict-input` on the same counts (see bpe.py).
-    """
-    from .bpe import learn_bpe_codes
-
-    return learn_bpe_codes(word_counts, merges, min_frequency, on_merge)
 
 
 def read_codes(path: Path) -> str:

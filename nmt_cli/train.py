@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from . import TRAINING_KERNEL_CACHE, __version__, size_kernel_cache
 from . import distributed as D
-from .checkpoint import load_checkpoint, numbered_checkpoints, save_checkpoint
+from .checkpoint import load_checkpoint, numbered_checkpoints, serialize_checkpoint, write_checkpoint
 from .data import Batch, DataDir, collate, make_batches, prefetch, shuffled
 from .errors import NmtError
 from .model import ModelConfig, Transformer, count_parameters, make_config
@@ -291,10 +291,11 @@ class Trainer:
         pin = self.device.type == "cuda"
 
         def make_group(group: list) -> list[Batch]:
-            return [collate(self.train_corpus, idx, self.data.vocab) for idx in group]
+            batches = [collate(self.train_corpus, idx, self.data.vocab) for idx in group]
+            return [b.pin_memory() for b in batches] if pin else batches
 
         # On CUDA the next group is collated (and pinned) on a background thread while this one runs.
-        with closing(prefetch(make_group, groups, pin, background=pin)) as stream:
+        with closing(prefetch(make_group, groups, background=pin)) as stream:
             for micro in stream:
                 reason = self.step([b.to(self.device, non_blocking=pin) for b in micro], len(mine))
                 if reason is not None:
@@ -338,7 +339,7 @@ class Trainer:
         save_due = opts.save_interval_minutes > 0 and now - self.last_interval_save >= opts.save_interval_minutes * 60
         flags = [float(opts.max_time > 0 and self.state.elapsed >= opts.max_time * 60), float(save_due), signal_code]
         if self.ctx.enabled:
-            flags = D.all_reduce_max(flags, self.ctx, self.device)
+            flags = D.all_reduce(flags, self.ctx, self.device, op="max")
         signalled = {1.0: "SIGTERM", 2.0: "SIGINT"}.get(flags[2])
         return flags[0] > 0, flags[1] > 0, signalled
 
@@ -357,18 +358,15 @@ class Trainer:
 
     def finished_reason(self) -> str | None:
         """The limit a resumed run has already reached (re-running a finished command trains nothing)."""
-        opts, state = self.opts, self.state
         if not self.resumed:
             return None
-        if opts.max_updates and state.updates >= opts.max_updates:
-            return "max_updates"
-        if opts.max_epochs and state.epoch > opts.max_epochs:
-            return "max_epochs"
-        if opts.max_time and state.elapsed >= opts.max_time * 60:
-            return "max_time"
-        if opts.patience and state.bad_validations >= opts.patience:
-            return "patience"
-        return None
+        opts, state = self.opts, self.state
+        time_up = bool(opts.max_time) and state.elapsed >= opts.max_time * 60
+        # epoch > max_epochs can only hold right after an epoch ended
+        reason = self.should_stop(end_of_epoch=True, time_up=time_up, signalled=None)
+        if reason is None and opts.patience and state.bad_validations >= opts.patience:
+            reason = "patience"
+        return reason
 
     def log_train(self, lr: float, now: float, end_of_epoch: bool) -> None:
         state = self.state
@@ -412,7 +410,7 @@ class Trainer:
                                opts.precision, self.device, ctx)
             if opts.eval_bleu:
                 score = valid_bleu(self.model, self.data, self.device, opts.precision) if ctx.is_main else 0.0
-                (metrics["valid_bleu"],) = D.all_reduce_sum([score], ctx, self.device)
+                (metrics["valid_bleu"],) = D.all_reduce([score], ctx, self.device)
             value = metrics["valid_bleu"] if opts.eval_bleu else metrics["valid_loss"]
             improved = state.best is None or (value > state.best if opts.eval_bleu else value < state.best)
             if improved:
@@ -433,16 +431,16 @@ class Trainer:
         if do_save or improved:
             rngs = D.gather_objects(rng_state(self.device), ctx)
             if ctx.is_main:
-                checkpoint = self.checkpoint(rngs)
+                blob = serialize_checkpoint(self.checkpoint(rngs))  # once, written under every name it needs
                 if numbered:
-                    save_checkpoint(checkpoint, self.save_dir / f"checkpoint_{updates}.pt")
+                    write_checkpoint(blob, self.save_dir / f"checkpoint_{updates}.pt")
                     if opts.keep_last > 0:
                         for old in numbered_checkpoints(self.save_dir)[: -opts.keep_last]:
                             old.unlink()
                 if do_save:
-                    save_checkpoint(checkpoint, self.last_path)
+                    write_checkpoint(blob, self.last_path)
                 if improved:
-                    save_checkpoint(checkpoint, self.save_dir / "checkpoint_best.pt")
+                    write_checkpoint(blob, self.save_dir / "checkpoint_best.pt")
             if save_due:
                 self.last_interval_save = time.monotonic()
         if signalled:

@@ -68,7 +68,7 @@ def validate(loss_module: TranslationLoss, corpus, batches, vocab, precision: st
         totals += torch.stack([loss, nll]).double()
         ntokens += batch.ntokens
     counts = torch.cat([totals, torch.full((1,), ntokens, dtype=torch.float64, device=device)])
-    loss, nll, ntokens = D.all_reduce_sum(counts, ctx, device)
+    loss, nll, ntokens = D.all_reduce(counts, ctx, device)
     loss_module.train(was_training)
     return {"valid_loss": loss / ntokens, "valid_nll": nll / ntokens, "valid_ppl": math.exp(nll / ntokens)}
 
@@ -98,8 +98,8 @@ def train_step(runner: nn.Module, model: Transformer, micro: list[Batch], optimi
     (non-finite gradients: weights and optimizer untouched).
 
     The loss is summed over target tokens and divided by the global token count; DDP averages gradients
-    over processes, hence the world_size factor. The only host sync is the finiteness check of the gradient
-    norm, once per update (it is the all-reduced gradient, so every process decides alike).
+    over processes, hence the world_size factor. The only host sync is the finiteness check, once per update:
+    of the gradient norm (all-reduced gradients, so every process decides alike), or the fp16 loss scaler's.
     """
     local_tokens = sum(b.ntokens for b in micro)
     # Filled on the device (torch.tensor would copy from pageable host memory, which waits for the stream).
@@ -115,11 +115,11 @@ def train_step(runner: nn.Module, model: Transformer, micro: list[Batch], optimi
                 loss = runner(batch.src, batch.prev_output, batch.target_index, batch.target)
             scaler.scale(loss * factor).backward()
         update_loss += loss.detach()
-    if scaler.is_enabled():
-        scaler.unscale_(optimizer)
     if opts.clip_norm > 0:
+        if scaler.is_enabled():
+            scaler.unscale_(optimizer)
         norm = nn.utils.clip_grad_norm_(model.parameters(), opts.clip_norm)
-    else:
+    elif not scaler.is_enabled():  # the scaler checks its gradients itself; otherwise the norm is the check
         norm = nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
     if scaler.is_enabled():
         scale_before = scaler.get_scale()

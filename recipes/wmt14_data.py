@@ -72,12 +72,10 @@ def fetch_archives(archives: Path | None, orig: Path) -> dict[str, Path]:
 
 
 def _open_member(archive: tarfile.TarFile, path: Path, member: str):
-    try:
-        f = archive.extractfile(member)
-    except KeyError:
-        f = None
+    """A member `_members` has checked is there; a directory or link under that name is refused."""
+    f = archive.extractfile(member)
     if f is None:
-        raise DataError(f"{path}: no member {member}")
+        raise DataError(f"{path}: {member} is not a regular file")
     return f
 
 

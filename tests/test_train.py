@@ -209,7 +209,7 @@ def test_numbered_checkpoints_at_epoch_ends_without_an_interval(toy_data, tmp_pa
 def test_prefetch_keeps_order_and_raises_worker_errors():
     from nmt_cli.data import prefetch
 
-    assert list(prefetch(lambda x: x * 2, range(5), pin=False)) == [0, 2, 4, 6, 8]
+    assert list(prefetch(lambda x: x * 2, range(5))) == [0, 2, 4, 6, 8]
 
     def broken(x):
         if x == 3:
@@ -218,6 +218,6 @@ def test_prefetch_keeps_order_and_raises_worker_errors():
 
     got = []
     with pytest.raises(ValueError, match="bad batch"):
-        for x in prefetch(broken, range(5), pin=False):
+        for x in prefetch(broken, range(5)):
             got.append(x)
     assert got == [0, 1, 2]
