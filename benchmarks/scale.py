@@ -129,13 +129,14 @@ def main() -> dict:
     if args.json:
         print(json.dumps(result))
         return result
-    rows = [[s["stage"], s["seconds"], f"{s['lines'] / max(s['seconds'], 1e-9):,.0f}", s["peak_rss_mb"],
-             s.get("disk_mb", 0.0)] for s in stages]
-    rows.append(["whole prepare (process)", prepare_s, f"{2 * args.pairs / prepare_s:,.0f}", prepare_peak, data_mb])
+    rows = [[s["stage"], s["seconds"], f"{s['lines'] / max(s['seconds'], 1e-9):,.0f} {s.get('unit', 'lines')}/s",
+             s["peak_rss_mb"], s.get("disk_mb", 0.0)] for s in stages]
+    rows.append(["whole prepare (process)", prepare_s, f"{2 * args.pairs / prepare_s:,.0f} lines/s", prepare_peak,
+                 data_mb])
     rows.append(["train start-up to first update (base, bf16)", train["train_first_update_s"], "",
                  train["train_peak_rss_mb"], 0.0])
     print_table(f"scale: {args.pairs:,} synthetic WMT14-like pairs, {args.merges:,} merges ({machine()})",
-                ["stage", "seconds", "lines/s", "peak RSS MB", "disk MB"], rows)
+                ["stage", "seconds", "rate", "peak RSS MB", "disk MB"], rows)
     print(f"corpus {corpus_mb:,.0f} MB generated in {generate_s:.0f} s; kept {result['kept_pairs']:,} pairs "
           f"(dropped {result['dropped']}); vocabulary {result['vocab_size']:,}; train data index "
           f"{result['train_index_mb']:,.0f} MB")

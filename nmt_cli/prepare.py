@@ -174,10 +174,10 @@ class _Stages:
         self.progress = Progress(TextColumn("{task.description:<18}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[unit]}"), TimeElapsedColumn(), disable=quiet)
         self.on_stage, self.records, self.staging = on_stage, [], staging
-        self.task, self.start, self.name = None, 0.0, ""
+        self.task, self.start, self.name, self.unit = None, 0.0, "", "lines"
 
     def begin(self, name: str, total: int | None, unit: str = "lines") -> None:
-        self.name, self.start = name, time.perf_counter()
+        self.name, self.start, self.unit = name, time.perf_counter(), unit
         self.task = self.progress.add_task(name, total=total, unit=unit)
 
     def advance(self, n: int) -> None:
@@ -187,7 +187,7 @@ class _Stages:
         self.progress.update(self.task, completed=done, total=done)
         usage = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                     resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-        record = {"stage": self.name, "seconds": time.perf_counter() - self.start, "lines": done,
+        record = {"stage": self.name, "seconds": time.perf_counter() - self.start, "lines": done, "unit": self.unit,
                   "peak_rss_mb": usage / 1024,
                   "disk_mb": sum(p.stat().st_size for p in self.staging.rglob("*") if p.is_file()) / 2**20}
         self.records.append(record)

@@ -150,6 +150,19 @@ def test_wmt14_data_step_bad_input(tmp_path):
     _one_line_error(_data_step(out, "--archives", str(broken), "--test-lines", "30"),
                     "training-parallel-nc-v9.tgz", "no member training/news-commentary-v9.de-en.de")
     assert not (out / ".done").exists()
+    # a member that is a directory, not a file
+    odd = tmp_path / "odd"
+    make_wmt14_archives(odd, test_lines=30, skip=("dev.tgz", "dev/newstest2013.de"))
+    with tarfile.open(odd / "dev.tgz", "r:gz") as archive:
+        kept = [(m, archive.extractfile(m).read()) for m in archive.getmembers()]
+    with tarfile.open(odd / "dev.tgz", "w:gz") as archive:
+        for member, data in kept:
+            archive.addfile(member, io.BytesIO(data))
+        folder = tarfile.TarInfo("dev/newstest2013.de")
+        folder.type = tarfile.DIRTYPE
+        archive.addfile(folder)
+    _one_line_error(_data_step(out, "--archives", str(odd), "--test-lines", "30"), "dev.tgz",
+                    "dev/newstest2013.de is not a regular file")
     # TEST_DATA that lacks a file
     _one_line_error(_data_step(out, "--archives", str(good), "--test-data", str(tmp_path)),
                     str(tmp_path / "newstest2013.en"), "no such file")
