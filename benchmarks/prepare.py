@@ -49,7 +49,8 @@ def main() -> list[list]:
         n_tok = sum(1 for _ in open(tokenized, encoding="utf-8"))
         start = time.perf_counter()
         with open(tokenized, encoding="utf-8") as fin, open(Path(tmp) / "all.bpe", "w") as fout:
-            subprocess.run(["subword-nmt", "apply-bpe", "-c", str(out / "bpe.codes")], stdin=fin, stdout=fout,
+            subword_nmt = str(Path(sys.executable).with_name("subword-nmt"))
+            subprocess.run([subword_nmt, "apply-bpe", "-c", str(out / "bpe.codes")], stdin=fin, stdout=fout,
                            check=True)
         apply_s = time.perf_counter() - start
     rows = [

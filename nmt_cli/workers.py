@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
+import os
+import pickle
+import queue
 import signal
-from collections import deque
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+_POLL_S = 0.5
+
+
+class WorkerDied(RuntimeError):
+    """A worker process ended without returning its result (killed, or out of memory)."""
 
 
 def ordered_map(fn: Callable[[Any], Any], jobs: Iterable[Any], workers: int,
@@ -14,8 +24,9 @@ def ordered_map(fn: Callable[[Any], Any], jobs: Iterable[Any], workers: int,
                 in_flight_per_worker: int = 3) -> Iterator[Any]:
     """Yield fn(job) for each job, in order, computed on `workers` processes (in this one when workers <= 1).
 
-    Unlike Pool.imap, which reads its whole input ahead into a queue, at most
-    `workers * in_flight_per_worker` jobs are pending at once, so a streamed corpus stays streamed.
+    At most `workers * in_flight_per_worker` jobs are pending at once (Pool.imap reads its whole input
+    ahead), so a streamed corpus stays streamed. An exception in fn is raised here; leaving the loop early
+    (an exception, Ctrl-C, a closed generator) kills the workers at once.
     """
     if workers <= 1:
         if initializer is not None:
@@ -23,29 +34,105 @@ def ordered_map(fn: Callable[[Any], Any], jobs: Iterable[Any], workers: int,
         for job in jobs:
             yield fn(job)
         return
+    # Job k goes to worker k % workers through that worker's own inbox and comes back through its own outbox:
+    # no lock shared between processes and no handler threads whose state a Ctrl-C can leave half-updated
+    # (multiprocessing.Pool has both, and one Ctrl-C in a few dozen left its terminate() hanging).
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
-    limit = workers * in_flight_per_worker
-    # Workers ignore Ctrl-C: the main process alone gets KeyboardInterrupt, and leaving this block
-    # terminates the pool at once (no tracebacks from every worker, no wait for their queues).
-    # SIGINT is blocked while the workers fork, so none can take a Ctrl-C before it ignores SIGINT; one that
-    # arrives meanwhile is delivered to this process when the mask is restored.
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    inboxes = [ctx.Queue() for _ in range(workers)]
+    outboxes = [ctx.Queue() for _ in range(workers)]
+    for inbox in inboxes:
+        inbox.cancel_join_thread()  # never wait at exit to feed a worker that is gone
+    procs: list = []
     try:
-        pool = ctx.Pool(workers, initializer=_start_worker, initargs=(initializer, initargs))
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    with pool:
-        pending: deque = deque()
+        with _ctrl_c_deferred():
+            for inbox, outbox in zip(inboxes, outboxes):
+                procs.append(ctx.Process(target=_serve, args=(fn, inbox, outbox, initializer, initargs, os.getpid()),
+                                         daemon=True))
+                procs[-1].start()
+        sent = received = 0
+        limit = workers * in_flight_per_worker
         for job in jobs:
-            pending.append(pool.apply_async(fn, (job,)))
-            if len(pending) >= limit:
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
+            inboxes[sent % workers].put((job,))
+            sent += 1
+            if sent - received >= limit:
+                yield _receive(outboxes[received % workers], procs[received % workers])
+                received += 1
+        while received < sent:
+            yield _receive(outboxes[received % workers], procs[received % workers])
+            received += 1
+        for inbox in inboxes:
+            inbox.put(None)
+            inbox.close()
+        for proc in procs:
+            proc.join()
+    finally:
+        for proc in procs:
+            if proc.pid is not None:
+                proc.kill()
+                proc.join()
 
 
-def _start_worker(initializer: Callable[..., None] | None, initargs: tuple) -> None:
+@contextlib.contextmanager
+def _ctrl_c_deferred() -> Iterator[None]:
+    """Hold back a Ctrl-C while workers start, then deliver it.
+
+    Workers ignore Ctrl-C (the main process alone handles it, and kills them). A KeyboardInterrupt raised
+    inside Process.start, between the fork and the bookkeeping, would leave a worker untracked, and one
+    raised in a worker before it ignores SIGINT would print its traceback; while this is active, SIGINT only
+    sets a flag (in the workers too, which inherit the handler until they ignore SIGINT).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            signal.raise_signal(signal.SIGINT)
+
+
+def _receive(outbox: Any, proc: Any) -> Any:
+    while True:
+        try:
+            ok, value = outbox.get(timeout=_POLL_S)
+        except queue.Empty:
+            if not proc.is_alive():
+                raise WorkerDied(f"a worker process died (exit code {proc.exitcode})") from None
+            continue
+        if not ok:
+            raise value
+        return value
+
+
+def _serve(fn: Callable[[Any], Any], inbox: Any, outbox: Any, initializer: Callable[..., None] | None,
+           initargs: tuple, parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if initializer is not None:
         initializer(*initargs)
+    while True:
+        try:
+            message = inbox.get(timeout=_POLL_S)
+        except queue.Empty:
+            if os.getppid() != parent:  # the main process is gone
+                outbox.cancel_join_thread()
+                return
+            continue
+        except EOFError:
+            return
+        if message is None:
+            return
+        try:
+            outbox.put((True, fn(message[0])))
+        except Exception as e:  # raised again in the main process
+            outbox.put((False, e if _picklable(e) else RuntimeError(f"{type(e).__name__}: {e}")))
+
+
+def _picklable(value: Any) -> bool:
+    try:
+        pickle.dumps(value)
+    except Exception:
+        return False
+    return True

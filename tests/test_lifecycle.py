@@ -290,10 +290,15 @@ def test_fine_tuning_on_another_domain_lowers_its_loss(tmp_path):
     assert tuned["config"] == load_checkpoint(model)["config"]  # the model's architecture, not --arch's
 
 
+def _default_sigint() -> None:
+    # A test run started in the background (`pytest &` in a script) ignores SIGINT, and so would its children.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("delay", [0.0, 0.3, 1.0])
 def test_ctrl_c_during_prepare_with_workers_exits_promptly(tmp_path, delay):
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) during a 2-worker prepare: exit 130
-    with one line, within seconds, no worker tracebacks, no staging directory left."""
+    with one line, within seconds, no worker tracebacks, no staging directory or worker left."""
     from .conftest import write_task
 
     raw = tmp_path / "raw"
@@ -303,7 +308,7 @@ def test_ctrl_c_during_prepare_with_workers_exits_promptly(tmp_path, delay):
     proc = subprocess.Popen([sys.executable, "-m", "nmt_cli", "prepare", "-s", "en", "-t", "de", "--train",
                              str(raw / "train"), "--valid", str(raw / "val"), "--out", str(out), "--workers", "2",
                              "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_default_sigint)
     deadline = time.monotonic() + 60
     while not list(tmp_path.glob(".data.*.tmp/.work/train.tok.en")) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -315,6 +320,8 @@ def test_ctrl_c_during_prepare_with_workers_exits_promptly(tmp_path, delay):
     assert err.strip().splitlines() == ["interrupted"], err
     assert time.monotonic() - start < 10
     assert not out.exists() and not list(tmp_path.glob(".data.*"))
+    with pytest.raises(ProcessLookupError):  # no worker outlives the main process
+        os.killpg(proc.pid, 0)
 
 
 def test_plot_overlays_runs_and_tensorboard_gets_the_same_scalars(toy_data, tmp_path):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -216,3 +218,34 @@ def test_ordered_map_keeps_order_and_reads_its_input_only_a_window_ahead():
         out.append(result)
     assert out == list(range(40))
     assert list(ordered_map(abs, iter([-1, -2]), workers=1)) == [1, 2]
+
+
+def _fail_on_three(x: int) -> int:
+    if x == 3:
+        raise ValueError("three")
+    return x
+
+
+def _kill_self_on_three(x: int) -> int:
+    if x == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+def test_ordered_map_raises_worker_errors_and_deaths_and_leaves_no_worker_behind():
+    """An exception in a job is raised in the caller, a worker killed mid-job is reported instead of waited for
+    forever, and leaving the loop early (error or break) leaves no worker process running."""
+    import multiprocessing as mp
+
+    from nmt_cli.workers import WorkerDied, ordered_map
+
+    with pytest.raises(ValueError, match="three"):
+        list(ordered_map(_fail_on_three, iter(range(10)), workers=2))
+    assert not mp.active_children()
+    with pytest.raises(WorkerDied):
+        list(ordered_map(_kill_self_on_three, iter(range(10)), workers=2))
+    assert not mp.active_children()
+    results = ordered_map(abs, iter(range(-100, 0)), workers=2)
+    assert next(results) == 100
+    results.close()
+    assert not mp.active_children()
