@@ -324,6 +324,30 @@ def plot_cmd(
     err.print(f"wrote {output}", highlight=False)
 
 
+# ----------------------------------------------------------------------------- export
+export_app = typer.Typer(cls=OneLineErrors, no_args_is_help=True, add_completion=False,
+                         context_settings={"help_option_names": ["-h", "--help"]},
+                         help="Convert a trained model for another inference engine.")
+app.add_typer(export_app, name="export")
+
+
+@export_app.command("ctranslate2")
+@handle_errors
+def export_ctranslate2_cmd(
+    model: Annotated[Path, typer.Option("--model", "-m", help="nmt checkpoint (e.g. an averaged model.pt).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Model folder to write.")],
+    quantization: Annotated[str, typer.Option(
+        help="Weight type: float32, int8, int8_float32, bfloat16, int8_bfloat16, float16, int8_float16.")] = "float32",
+    force: Annotated[bool, typer.Option(help="Replace an existing folder.")] = False,
+) -> None:
+    """Write a CTranslate2 model folder (weights, vocabulary, BPE codes, tokenizer settings) that
+    `nmt translate -m DIR` and `nmt serve -m DIR` run without PyTorch."""
+    from .ct2 import export_ctranslate2
+
+    export_ctranslate2(model, output, quantization, force)
+    err.print(f"exported {model} to {output} ({quantization})", markup=False, highlight=False)
+
+
 # ----------------------------------------------------------------------------- average
 @app.command("average")
 @handle_errors
@@ -399,7 +423,8 @@ def _stdin_batches(max_lines: int):
 @app.command("translate")
 @handle_errors
 def translate_cmd(
-    model: Annotated[list[Path], typer.Option("--model", "-m", help="Model file; repeat for an ensemble.")],
+    model: Annotated[list[Path], typer.Option("--model", "-m", help=(
+        "Checkpoint (repeat for an ensemble), or a folder written by `nmt export ctranslate2`."))],
     input: Annotated[Optional[Path], typer.Option("--input", "-i", help="Raw text (default stdin).")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output file (default stdout).")] = None,
     beam: Annotated[int, typer.Option(help="Beam size.")] = 4,
@@ -413,15 +438,15 @@ def translate_cmd(
     greedy: Annotated[bool, typer.Option(help="Greedy decoding (no beam machinery).")] = False,
     device: Annotated[Optional[Device], typer.Option(help="Default: cuda when available, else cpu.")] = None,
     precision: Annotated[Precision, typer.Option(help="Precision (fp16: CUDA only).")] = Precision.fp32,
+    threads: Annotated[int, typer.Option(help="CPU threads of an exported model (0: up to 4).")] = 0,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
 ) -> None:
     """Translate raw text; output is detokenized, one line per input line, in input order."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+    from .pipeline import load_translator
     from .textio import atomic_path, read_lines
-    from .translate import Translator
 
-    translator = Translator.from_checkpoint(model, device=device.value if device else None, precision=precision.value)
+    translator = load_translator(model, device=device.value if device else None, precision=precision.value,
+                                 threads=threads)
     options = dict(beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, batch_size=batch_size,
                    max_tokens=max_tokens, greedy=greedy, nbest=nbest)
 
@@ -436,6 +461,8 @@ def translate_cmd(
         return [f"{first_line + k}\t{score:.4f}\t{hyp}" for k, r in enumerate(results) for hyp, score in r]
 
     if input is not None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
         lines = read_lines(input)
         with Progress(TextColumn("translate"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
@@ -469,6 +496,49 @@ def translate_cmd(
         finally:
             if tmp:
                 sink.close()
+
+
+# ----------------------------------------------------------------------------- serve
+@app.command("serve")
+@handle_errors
+def serve_cmd(
+    model: Annotated[list[Path], typer.Option("--model", "-m", help=(
+        "Checkpoint (repeat for an ensemble), or a folder written by `nmt export ctranslate2`."))],
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    max_batch: Annotated[int, typer.Option(help="Sentences per search batch, gathered across requests.")] = 64,
+    max_tokens: Annotated[Optional[int], typer.Option(
+        help="Padded source tokens per search batch (instead of --max-batch).")] = None,
+    batch_wait_ms: Annotated[float, typer.Option(help="How long a request waits for others to batch with.")] = 5.0,
+    max_queue: Annotated[int, typer.Option(help="Sentences waiting at most; beyond, requests get 503.")] = 1024,
+    max_sentences: Annotated[int, typer.Option(help="Sentences per request at most (else 413).")] = 64,
+    max_chars: Annotated[int, typer.Option(help="Characters per sentence at most (else 413).")] = 2000,
+    device: Annotated[Optional[Device], typer.Option(help="Default: cuda when available, else cpu.")] = None,
+    precision: Annotated[Precision, typer.Option(help="Precision (fp16: CUDA only).")] = Precision.fp32,
+    threads: Annotated[int, typer.Option(help="CPU threads of an exported model (0: up to 4).")] = 0,
+) -> None:
+    """Serve translations over HTTP: POST /translate {"text": [...], "beam": 4}, GET /health."""
+    from .pipeline import is_exported_model, load_translator
+    from .serve import ServeLimits, check_port, serve
+
+    for flag, value in (("--max-batch", max_batch), ("--max-queue", max_queue), ("--max-sentences", max_sentences),
+                        ("--max-chars", max_chars), ("--port", port + 1)):
+        if value < 1:
+            raise NmtError(f"{flag} must be at least {1 if flag != '--port' else 0} (got {value})")
+    if max_tokens is not None and max_tokens < 1:
+        raise NmtError(f"--max-tokens must be at least 1 (got {max_tokens})")
+    if batch_wait_ms < 0:
+        raise NmtError(f"--batch-wait-ms must be 0 or more (got {batch_wait_ms})")
+    if max_sentences > max_queue:
+        raise NmtError(f"--max-sentences {max_sentences} exceeds --max-queue {max_queue}: such a request never fits")
+    check_port(host, port)
+    translator = load_translator(model, device=device.value if device else None, precision=precision.value,
+                                 threads=threads)
+    limits = ServeLimits(max_batch, max_tokens, batch_wait_ms, max_queue, max_sentences, max_chars)
+    engine = "ctranslate2" if is_exported_model(model[0]) else "nmt"
+    serve(translator, host, port, limits, engine, on_ready=lambda: err.print(
+        f"serving {model[0]} ({engine}) on http://{host}:{port} (POST /translate, GET /health)", markup=False,
+        highlight=False))
 
 
 # ----------------------------------------------------------------------------- score

@@ -25,6 +25,13 @@ def shared_data(name: str) -> Path:
     return path
 
 
+def require_extra(module: str):
+    """An optional dependency's module; a test without it skips, except under CI, which installs every extra."""
+    if os.environ.get("CI"):
+        return __import__(module)
+    return pytest.importorskip(module)
+
+
 def run_cli(*args: str, input: str | bytes | None = None):
     """Invoke `nmt` in-process; returns click's Result (exit_code, stdout, stderr)."""
     return CliRunner().invoke(app, [str(a) for a in args], input=input, catch_exceptions=False)
@@ -76,3 +83,24 @@ def toy_model(tmp_path_factory, toy_data) -> Path:
     train(TrainOptions(data=toy_data, save_dir=save, arch="tiny", dropout=0.0, max_tokens=1024, max_updates=600,
                        warmup=100, lr_scale=1.0, device="cpu", quiet=True, seed=3))
     return save / "checkpoint_last.pt"
+
+
+@pytest.fixture(scope="session")
+def multi30k_tiny(tmp_path_factory) -> tuple[Path, Path]:
+    """A `tiny` model briefly trained on 3,000 real Multi30k pairs, and the folder of its raw val text."""
+    import gzip
+
+    from nmt_cli.prepare import PrepareOptions, prepare
+    from nmt_cli.train import TrainOptions, train
+
+    src = shared_data("multi30k")
+    root = tmp_path_factory.mktemp("m30k_tiny")
+    for split, n in (("train", 3000), ("val", 100)):
+        for lang in ("en", "de"):
+            with gzip.open(src / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
+                (root / f"{split}.{lang}").write_text("".join(next(f) for _ in range(n)), encoding="utf-8")
+    prepare(PrepareOptions("en", "de", str(root / "train"), str(root / "val"), root / "data", bpe_merges=1000,
+                           workers=1, quiet=True))
+    train(TrainOptions(data=root / "data", save_dir=root / "ckpt", arch="tiny", max_tokens=2048, max_updates=200,
+                       warmup=100, lr_scale=2.0, device="cpu", quiet=True, seed=1))
+    return root / "ckpt" / "checkpoint_last.pt", root

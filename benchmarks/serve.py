@@ -1,0 +1,117 @@
+"""`nmt serve` under load: throughput (sentences/s) and p50/p95 latency when 1, 8 and 32 concurrent clients
+each send single sentences of Multi30k test_2016_flickr, against the batch-64 throughput of the same
+translator in one process (what `nmt translate` does with a file). Beam 4, fp32, the `small` model.
+
+    python benchmarks/serve.py [--model exp/multi30k/model.pt] [--clients 1,8,32] [--sentences 500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from common import REPO, machine, print_table, require_multi30k
+
+
+def _post(port: int, sentence: str) -> list[str]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/translate", data=json.dumps(
+        {"text": [sentence]}).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=300) as response:
+        return json.loads(response.read())["translations"]
+
+
+def _load(port: int, sentences: list[str], clients: int) -> tuple[float, list[float]]:
+    """Send every sentence once, from `clients` threads each waiting for its answer before the next."""
+    latencies: list[float] = []
+    lock = threading.Lock()
+    next_index = [0]
+
+    def client() -> None:
+        while True:
+            with lock:
+                i = next_index[0]
+                next_index[0] += 1
+            if i >= len(sentences):
+                return
+            start = time.perf_counter()
+            _post(port, sentences[i])
+            with lock:
+                latencies.append(time.perf_counter() - start)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - start, latencies
+
+
+def main() -> list[list]:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default=str(REPO / "exp" / "multi30k" / "model.pt"))
+    parser.add_argument("--clients", default="1,8,32")
+    parser.add_argument("--sentences", type=int, default=500)
+    parser.add_argument("--batch-wait-ms", type=float, default=5.0)
+    args = parser.parse_args()
+    if not Path(args.model).exists():
+        sys.exit(f"benchmark: {args.model} not found; run `make multi30k` first or pass --model")
+    from nmt_cli.pipeline import load_translator
+    from nmt_cli.textio import read_lines
+
+    data = require_multi30k()
+    path = data / "test_2016_flickr.en.gz"
+    sentences = read_lines(path if path.exists() else data / "test_2016_flickr.en")[: args.sentences]
+
+    translator = load_translator([args.model], device="cpu")
+    translator.translate(sentences[:64])  # warm-up
+    start = time.perf_counter()
+    expected = translator.translate(sentences, beam=4, batch_size=64)
+    batch64 = len(sentences) / (time.perf_counter() - start)
+    del translator
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "nmt_cli", "serve", "-m", args.model, "--port", str(port),
+                               "--device", "cpu", "--batch-wait-ms", str(args.batch_wait_ms)],
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
+                    break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    sys.exit(f"benchmark: the server did not start: {server.stderr.read()}")
+                time.sleep(0.2)
+        for s in sentences[:64]:
+            _post(port, s)  # warm-up
+        assert _post(port, sentences[0]) == expected[:1]
+        rows = [["nmt translate, batch 64 (one process, no HTTP)", "-", f"{batch64:.1f}", "100%", "-", "-"]]
+        for clients in [int(c) for c in args.clients.split(",")]:
+            seconds, latencies = _load(port, sentences, clients)
+            rate = len(sentences) / seconds
+            q = statistics.quantiles(latencies, n=20)
+            rows.append([f"nmt serve, {clients} client(s), 1 sentence per request", clients, f"{rate:.1f}",
+                         f"{100 * rate / batch64:.0f}%", f"{1000 * statistics.median(latencies):.0f}",
+                         f"{1000 * q[18]:.0f}"])
+    finally:
+        server.terminate()
+        server.wait(30)
+    print_table(f"serve: Multi30k test_2016_flickr, {len(sentences)} sentences, beam 4, fp32 ({machine()})",
+                ["configuration", "clients", "sent/s", "of batch 64", "p50 ms", "p95 ms"], rows)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""CTranslate2: export an nmt checkpoint to a self-contained model folder, and translate with it.
+
+The folder holds CTranslate2's `model.bin` and vocabulary, and `nmt.json`, `vocab.txt` and `bpe.codes` for
+exactly nmt's pre- and post-processing. Translating with it imports neither torch nor the model code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .errors import NmtError
+from .pipeline import Hyp, TextTranslator
+from .textio import fsync_path
+from .vocab import Vocabulary
+
+FORMAT = "nmt-ctranslate2/1"
+QUANTIZATIONS = ("float32", "int8", "int8_float32", "bfloat16", "int8_bfloat16", "float16", "int8_float16")
+INSTALL_HINT = "CTranslate2 is not installed; install it with: pip install 'nmt-cli[ct2]' (or pip install ctranslate2)"
+
+
+def _ctranslate2() -> Any:
+    try:
+        import ctranslate2
+    except ImportError:
+        raise NmtError(INSTALL_HINT) from None
+    return ctranslate2
+
+
+def build_spec(state: dict) -> Any:
+    """A `ctranslate2.specs.TransformerSpec` holding the weights of an nmt checkpoint's model."""
+    _ctranslate2()
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    from .checkpoint import model_from_checkpoint
+    from .model import sinusoidal_positions
+
+    model, vocab = model_from_checkpoint(state)
+    c = model.config
+    spec = transformer_spec.TransformerSpec.from_config(c.layers, c.heads, pre_norm=c.pre_norm,
+                                                        activation=common_spec.Activation.RELU)
+    weights = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    d = c.d_model
+    # The paper's sinusoids interleave sin and cos (section 3.5); CTranslate2's built-in ones are concatenated,
+    # so the exact table is stored. Row 0 is the first token's position, as in nmt.
+    positions = sinusoidal_positions(c.max_positions, d).numpy()
+
+    def linear(target: Any, prefix: str, rows: slice = slice(None)) -> None:
+        target.weight = weights[f"{prefix}.weight"][rows]
+        target.bias = weights[f"{prefix}.bias"][rows]
+
+    def norm(target: Any, prefix: str) -> None:
+        target.gamma, target.beta = weights[f"{prefix}.weight"], weights[f"{prefix}.bias"]
+
+    for side, stack in (("encoder", spec.encoder), ("decoder", spec.decoder)):
+        embeddings = stack.embeddings[0] if isinstance(stack.embeddings, list) else stack.embeddings
+        embeddings.weight = weights["embed.weight"]
+        stack.scale_embeddings = True  # x sqrt(d_model), section 3.4
+        stack.position_encodings.encodings = positions
+        if c.pre_norm:
+            norm(stack.layer_norm, f"{side}_norm")
+    for i, layer in enumerate(spec.encoder.layer):
+        p = f"encoder.{i}"
+        linear(layer.self_attention.linear[0], f"{p}.self_attn.in_proj")
+        linear(layer.self_attention.linear[1], f"{p}.self_attn.out_proj")
+        norm(layer.self_attention.layer_norm, f"{p}.sublayer.0.norm")
+        linear(layer.ffn.linear_0, f"{p}.feed_forward.w1")
+        linear(layer.ffn.linear_1, f"{p}.feed_forward.w2")
+        norm(layer.ffn.layer_norm, f"{p}.sublayer.1.norm")
+    for i, layer in enumerate(spec.decoder.layer):
+        p = f"decoder.{i}"
+        linear(layer.self_attention.linear[0], f"{p}.self_attn.in_proj")
+        linear(layer.self_attention.linear[1], f"{p}.self_attn.out_proj")
+        norm(layer.self_attention.layer_norm, f"{p}.sublayer.0.norm")
+        linear(layer.attention.linear[0], f"{p}.cross_attn.in_proj", slice(0, d))  # queries
+        linear(layer.attention.linear[1], f"{p}.cross_attn.in_proj", slice(d, 3 * d))  # keys and values
+        linear(layer.attention.linear[2], f"{p}.cross_attn.out_proj")
+        norm(layer.attention.layer_norm, f"{p}.sublayer.1.norm")
+        linear(layer.ffn.linear_0, f"{p}.feed_forward.w1")
+        linear(layer.ffn.linear_1, f"{p}.feed_forward.w2")
+        norm(layer.ffn.layer_norm, f"{p}.sublayer.2.norm")
+    spec.decoder.projection.weight = weights["embed.weight"]  # tied output projection, no bias
+    # CTranslate2 pads internally; "<blank>" is its name for the padding entry (as its fairseq converter does).
+    tokens = ["<blank>" if i == vocab.pad else s for i, s in enumerate(vocab.symbols)]
+    spec.register_source_vocabulary(tokens)
+    spec.register_target_vocabulary(tokens)
+    spec.config.add_source_eos = True  # nmt's sources end in </s>; decoding starts from <s>
+    spec.config.decoder_start_token = "<s>"
+    spec.config.layer_norm_epsilon = 1e-5  # torch.nn.LayerNorm's
+    return spec
+
+
+def export_ctranslate2(checkpoint: str | Path, out: str | Path, quantization: str = "float32",
+                       force: bool = False) -> Path:
+    """Write an nmt checkpoint as a self-contained CTranslate2 model folder; returns the folder."""
+    ctranslate2 = _ctranslate2()
+    from ctranslate2.converters.converter import Converter
+
+    from .checkpoint import load_checkpoint
+
+    if quantization not in QUANTIZATIONS:
+        raise NmtError(f"unknown --quantization {quantization!r} (choose from {', '.join(QUANTIZATIONS)})")
+    out = Path(out)
+    if out.exists() and not force:
+        raise NmtError(f"{out}: already exists (use --force to replace it)")
+    state = load_checkpoint(checkpoint)
+    missing = [k for k in ("model", "config", "vocab", "bpe_codes", "source_lang", "target_lang") if k not in state]
+    if missing:
+        raise NmtError(f"{checkpoint}: checkpoint lacks {', '.join(missing)}")
+    spec = build_spec(state)
+
+    class _Spec(Converter):
+        def _load(self) -> Any:
+            return spec
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        model_dir = staging / "model"
+        _Spec().convert(str(model_dir), quantization=None if quantization == "float32" else quantization)
+        meta = {"format": FORMAT, "source_lang": state["source_lang"], "target_lang": state["target_lang"],
+                "tokenizer": state.get("tokenizer") or {}, "max_positions": state["config"]["max_positions"],
+                "quantization": quantization, "exported_from": str(checkpoint),
+                "ctranslate2_version": ctranslate2.__version__}
+        (model_dir / "nmt.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        (model_dir / "vocab.txt").write_text("".join(s + "\n" for s in state["vocab"]), encoding="utf-8")
+        (model_dir / "bpe.codes").write_text(state["bpe_codes"], encoding="utf-8")
+        for path in model_dir.iterdir():
+            fsync_path(path)
+        fsync_path(model_dir, directory=True)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(model_dir, out)
+        fsync_path(out.parent, directory=True)
+    except OSError as e:
+        raise NmtError(f"{out}: cannot write the exported model ({e.strerror or e})") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+class CTranslate2Translator(TextTranslator):
+    """Translates with an exported CTranslate2 folder, with nmt's tokenization, BPE, batching and length rule.
+
+    The length penalty is CTranslate2's own (score / |Y|^alpha), not nmt's GNMT penalty; with --lenpen 0 both
+    rank hypotheses by plain log-probability.
+    """
+
+    def __init__(self, translator: Any, vocab: Vocabulary, bpe_codes: str, meta: dict) -> None:
+        normalize = bool((meta.get("tokenizer") or {}).get("normalize_punctuation", False))
+        super().__init__(vocab, bpe_codes, meta["source_lang"], meta["target_lang"], int(meta["max_positions"]),
+                         normalize)
+        self.translator = translator
+        self.pieces = ["<blank>" if i == vocab.pad else s for i, s in enumerate(vocab.symbols)]
+
+    @classmethod
+    def from_dir(cls, path: str | Path, device: str | None = None, threads: int = 0) -> CTranslate2Translator:
+        """Load a folder written by `export_ctranslate2`."""
+        path = Path(path)
+        try:
+            meta = json.loads((path / "nmt.json").read_text(encoding="utf-8"))
+            symbols = (path / "vocab.txt").read_text(encoding="utf-8").splitlines()
+            codes = (path / "bpe.codes").read_text(encoding="utf-8")
+        except FileNotFoundError as e:
+            raise NmtError(f"{e.filename}: missing; {path} is not a folder written by `nmt export`") from None
+        except (ValueError, UnicodeDecodeError) as e:
+            raise NmtError(f"{path / 'nmt.json'}: not valid JSON ({e})") from None
+        if meta.get("format") != FORMAT:
+            raise NmtError(f"{path / 'nmt.json'}: format {meta.get('format')!r}, expected {FORMAT!r}")
+        device = device or "cpu"
+        if device not in ("cpu", "cuda"):
+            raise NmtError(f"--device {device}: an exported model runs on cpu or cuda")
+        ctranslate2 = _ctranslate2()
+        if device == "cuda" and ctranslate2.get_cuda_device_count() == 0:
+            raise NmtError("--device cuda, but CTranslate2 sees no CUDA device")
+        translator = ctranslate2.Translator(str(path), device=device, compute_type="default",
+                                            intra_threads=threads or min(4, os.cpu_count() or 1))
+        return cls(translator, Vocabulary(symbols), codes, meta)
+
+    def search(self, sources: list[list[int]], beam: int, lenpen: float, max_len_a: float, max_len_b: int,
+               greedy: bool, nbest: int) -> list[list[Hyp]]:
+        # nmt's length limit is per sentence; CTranslate2's is per call, so sentences sharing a limit go together
+        # (the caller's batches are sorted by length, so this rarely splits a batch into more than a few calls).
+        groups: dict[int, list[int]] = {}
+        for row, ids in enumerate(sources):
+            groups.setdefault(self.max_output_tokens(len(ids), max_len_a, max_len_b), []).append(row)
+        out: list[list[Hyp]] = [[] for _ in sources]
+        index = self.vocab.index
+        for limit, rows in groups.items():
+            results = self.translator.translate_batch(
+                [[self.pieces[i] for i in sources[r]] for r in rows], beam_size=1 if greedy else beam,
+                num_hypotheses=1 if greedy else nbest, length_penalty=0.0 if greedy else lenpen,
+                max_decoding_length=limit,  # output tokens before </s>, as nmt counts them
+                return_scores=True, suppress_sequences=[["<s>"], ["<blank>"]], return_end_token=False)
+            for r, result in zip(rows, results):
+                out[r] = [([index[t] for t in tokens], score) for tokens, score in zip(result.hypotheses,
+                                                                                         result.scores)]
+        return out
+
+    def token_log_probs(self, sources: list[list[int]], targets: list[list[int]]) -> list[list[float]]:
+        """Per-token log-probabilities of each target (ids without </s>; the </s> is scored last)."""
+        results = self.translator.score_batch([[self.pieces[i] for i in s] for s in sources],
+                                              [[self.pieces[i] for i in t] for t in targets])
+        return [list(r.log_probs) for r in results]

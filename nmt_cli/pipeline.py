@@ -1,0 +1,147 @@
+"""What every translation engine shares: raw text -> Moses tokens -> BPE -> ids, batching, the option rules,
+and ids -> detokenized text. Imports no torch, so an exported CTranslate2 model starts fast."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from . import text
+from .errors import NmtError
+from .vocab import Vocabulary
+
+# One hypothesis of the search: output ids (no </s>) and its score.
+Hyp = tuple[list[int], float]
+
+
+class TextTranslator:
+    """Pre- and post-processing around a search engine; subclasses implement `search`."""
+
+    def __init__(self, vocab: Vocabulary, bpe_codes: str, source_lang: str, target_lang: str, max_positions: int,
+                 normalize: bool = False) -> None:
+        self.vocab, self.source_lang, self.target_lang = vocab, source_lang, target_lang
+        self.bpe = text.BpeApplier(bpe_codes)
+        self.max_positions = max_positions
+        self.normalize = normalize  # Moses punctuation normalization before tokenizing, as at prepare time
+        self.warnings: list[str] = []
+        self.generated_tokens = 0  # output tokens (</s> included) of the best hypotheses so far
+
+    def search(self, sources: list[list[int]], beam: int, lenpen: float, max_len_a: float, max_len_b: int,
+               greedy: bool, nbest: int) -> list[list[Hyp]]:
+        """Up to `nbest` hypotheses, best first, for each source (ids without </s>), all in one batch."""
+        raise NotImplementedError
+
+    def encode(self, sentences: Sequence[str], first_line: int = 1) -> list[list[int]]:
+        """Token ids of raw sentences (no </s>); too-long ones are truncated with a warning naming the line."""
+        limit = self.max_positions - 2
+        out = []
+        for n, sentence in enumerate(sentences, start=first_line):
+            if not sentence.strip():
+                out.append([])
+                continue
+            if self.normalize:
+                sentence = text.normalize_punctuation(sentence, self.source_lang)
+            ids = self.vocab.encode(self.bpe(text.tokenize(sentence, self.source_lang)))
+            if len(ids) > limit:
+                self.warnings.append(f"line {n}: {len(ids)} tokens exceed the model's {limit}; translated truncated")
+                ids = ids[:limit]
+            out.append(ids)
+        return out
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Detokenized text of output ids."""
+        return text.detokenize(text.remove_bpe(self.vocab.decode(ids)), self.target_lang)
+
+    def max_output_tokens(self, source_len: int, max_len_a: float, max_len_b: int) -> int:
+        """The most output tokens before </s> for a source of `source_len` tokens (no </s>): a * len + b, within
+        the model's positions (`search.max_lengths` computes the same on tensors)."""
+        return max(0, min(int(source_len * max_len_a + max_len_b), self.max_positions - 2))
+
+    def batches(self, lengths: list[int], batch_size: int, max_tokens: int | None) -> list[list[int]]:
+        """Indices grouped into batches, longest sentences first; by count, or by padded tokens with max_tokens."""
+        order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+        batches: list[list[int]] = []
+        current: list[int] = []
+        for i in order:
+            longest = max([lengths[j] for j in current] + [lengths[i]]) + 1
+            too_many = max_tokens is not None and longest * (len(current) + 1) > max_tokens
+            if current and (too_many or (max_tokens is None and len(current) >= batch_size)):
+                batches.append(current)
+                current = []
+            current.append(i)
+        if current:
+            batches.append(current)
+        return batches
+
+    @staticmethod
+    def check_options(beam: int, lenpen: float, max_len_a: float, max_len_b: int, batch_size: int,
+                      max_tokens: int | None, greedy: bool, nbest: int) -> None:
+        """Refuse option combinations the search cannot honour, with one line naming the flag."""
+        for flag, value in (("--beam", beam), ("--nbest", nbest), ("--batch-size", batch_size)):
+            if value < 1:
+                raise NmtError(f"{flag} must be at least 1 (got {value})")
+        if max_tokens is not None and max_tokens < 1:
+            raise NmtError(f"--max-tokens must be at least 1 (got {max_tokens})")
+        if nbest > beam:
+            raise NmtError(f"--nbest {nbest} is larger than --beam {beam}: the search keeps only {beam} hypotheses")
+        if greedy and nbest > 1:
+            raise NmtError("--nbest needs beam search; greedy search finds one hypothesis (drop --greedy)")
+        if lenpen < 0:
+            raise NmtError(f"--lenpen must be 0 or more (got {lenpen}): a negative one favours ever longer output "
+                           "and the search could not stop early")
+        if max_len_a < 0 or max_len_b < 0:
+            raise NmtError("--max-len-a and --max-len-b must be 0 or more")
+
+    def translate_nbest(self, sentences: Sequence[str], beam: int = 4, lenpen: float = 0.6, max_len_a: float = 1.0,
+                        max_len_b: int = 50, batch_size: int = 64, max_tokens: int | None = None,
+                        greedy: bool = False, nbest: int = 1, first_line: int = 1,
+                        on_batch: Callable[[int], None] | None = None) -> list[list[tuple[str, float]]]:
+        """Exactly `nbest` (translation, score) pairs per sentence, best first; empty input gives ("", 0.0)s."""
+        self.check_options(beam, lenpen, max_len_a, max_len_b, batch_size, max_tokens, greedy, nbest)
+        ids = self.encode(sentences, first_line)
+        results: list[list[tuple[str, float]]] = [[("", 0.0)] * nbest for _ in sentences]
+        todo = [i for i, x in enumerate(ids) if x]
+        for batch in self.batches([len(ids[i]) for i in todo], batch_size, max_tokens):
+            rows = [todo[j] for j in batch]
+            hyps = self.search([ids[i] for i in rows], beam, lenpen, max_len_a, max_len_b, greedy, nbest)
+            for i, sentence_hyps in zip(rows, hyps):
+                results[i] = [(self.decode(tokens), score) for tokens, score in sentence_hyps]
+                # Exactly `nbest` per input: a search that ran out of distinct hypotheses repeats its last one.
+                results[i] += results[i][-1:] * (nbest - len(results[i]))
+                self.generated_tokens += len(sentence_hyps[0][0]) + 1
+            if on_batch:
+                on_batch(len(rows))
+        if on_batch:
+            on_batch(len(sentences) - len(todo))
+        return results
+
+    def translate(self, sentences: Sequence[str], **options) -> list[str]:
+        """The best translation of each sentence, in input order (see `translate_nbest` for options)."""
+        options.pop("nbest", None)
+        return [r[0][0] for r in self.translate_nbest(sentences, nbest=1, **options)]
+
+
+def is_exported_model(path: str | Path) -> bool:
+    """Whether `path` is a folder written by `nmt export ctranslate2`."""
+    return Path(path).is_dir() and (Path(path) / "model.bin").is_file()
+
+
+def load_translator(paths: Sequence[str | Path], device: str | None = None, precision: str = "fp32",
+                    threads: int = 0) -> TextTranslator:
+    """A translator for nmt checkpoints (several: an ensemble) or one exported CTranslate2 folder."""
+    paths = list(paths)
+    exported = [p for p in paths if is_exported_model(p)]
+    if exported:
+        if len(paths) > 1:
+            raise NmtError(f"{exported[0]}: an exported model cannot be part of an ensemble; give it alone")
+        if precision != "fp32":
+            raise NmtError(f"--precision {precision}: an exported model computes in the type it was exported with "
+                           "(nmt export ctranslate2 --quantization)")
+        from .ct2 import CTranslate2Translator
+
+        return CTranslate2Translator.from_dir(paths[0], device=device, threads=threads)
+    if len(paths) == 1 and Path(paths[0]).is_dir():
+        raise NmtError(f"{paths[0]}: a folder without model.bin; give a checkpoint (.pt) or an `nmt export` folder")
+    from .translate import Translator
+
+    return Translator.from_checkpoint(paths, device=device, precision=precision)

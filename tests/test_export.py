@@ -1,0 +1,132 @@
+"""`nmt export ctranslate2` and translating with the exported folder: the same model, the same pipeline."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt_cli import text
+from nmt_cli.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from nmt_cli.model import Transformer
+from nmt_cli.translate import Translator
+
+from .conftest import expect_error, require_extra, run_cli
+
+ctranslate2 = require_extra("ctranslate2")  # an optional extra: skipped without it, except under CI
+
+from nmt_cli.ct2 import CTranslate2Translator, export_ctranslate2  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def exported(multi30k_tiny, tmp_path_factory) -> dict[str, Path]:
+    model, _ = multi30k_tiny
+    out = tmp_path_factory.mktemp("ct2")
+    return {q: export_ctranslate2(model, out / q, q) for q in ("float32", "int8")}
+
+
+@pytest.fixture(scope="module")
+def val(multi30k_tiny) -> tuple[list[str], list[str]]:
+    _, root = multi30k_tiny
+    return ((root / "val.en").read_text(encoding="utf-8").splitlines(),
+            (root / "val.de").read_text(encoding="utf-8").splitlines())
+
+
+def test_exported_fp32_model_gives_nmts_token_log_probabilities(multi30k_tiny, exported, val):
+    """Teacher-forced log-probabilities of real reference translations, token by token (</s> included)."""
+    model, vocab = model_from_checkpoint(load_checkpoint(multi30k_tiny[0]))
+    ct = CTranslate2Translator.from_dir(exported["float32"])
+    sources = ct.encode(val[0][:30])
+    targets = [vocab.encode(ct.bpe(text.tokenize(r, "de"))) for r in val[1][:30]]
+    ours = []
+    with torch.no_grad():
+        for s, t in zip(sources, targets):
+            memory, mask = model.encode(torch.tensor([s + [vocab.eos]]))
+            hidden = model.decode(torch.tensor([[vocab.bos] + t]), memory, mask)
+            lprobs = torch.log_softmax(model.logits(hidden).float(), dim=-1)[0]
+            ours.append([lprobs[i, g].item() for i, g in enumerate(t + [vocab.eos])])
+    theirs = ct.token_log_probs(sources, targets)
+    assert [len(x) for x in theirs] == [len(x) for x in ours]
+    assert max(abs(a - b) for x, y in zip(ours, theirs) for a, b in zip(x, y)) < 1e-4
+
+
+@pytest.mark.parametrize("options", [dict(greedy=True), dict(beam=1)])
+def test_exported_model_translates_exactly_like_nmt(multi30k_tiny, exported, val, options):
+    """Greedy search gives identical text on real sentences. (Beam search may differ: CTranslate2's length
+    penalty is not GNMT's, and at the length limit it stops where nmt scores a forced </s>.)"""
+    nmt = Translator.from_checkpoint(multi30k_tiny[0])
+    ct = CTranslate2Translator.from_dir(exported["float32"])
+    assert ct.translate(val[0], **options) == nmt.translate(val[0], **options)
+
+
+def test_exported_model_keeps_nmts_length_limit_on_an_untrained_model(multi30k_tiny, tmp_path, val):
+    """An untrained model never says </s>: every output runs to source length + 50, in both engines."""
+    state = load_checkpoint(multi30k_tiny[0])
+    torch.manual_seed(0)
+    state["model"] = Transformer(model_from_checkpoint(state)[0].config).state_dict()
+    save_checkpoint(state, tmp_path / "untrained.pt")
+    folder = export_ctranslate2(tmp_path / "untrained.pt", tmp_path / "ct2")
+    nmt, ct = Translator.from_checkpoint(tmp_path / "untrained.pt"), CTranslate2Translator.from_dir(folder)
+    sources = nmt.encode(val[0][:20])
+    ours = nmt.search(sources, 1, 0.0, 1.0, 50, True, 1)
+    theirs = ct.search(sources, 1, 0.0, 1.0, 50, True, 1)
+    assert [h[0][0] for h in theirs] == [h[0][0] for h in ours]
+    assert [len(h[0][0]) for h in ours] == [len(s) + 50 for s in sources]
+
+
+def test_int8_export_stays_close_to_fp32(exported, val):
+    """int8 weights: the translations agree with the fp32 export's at >= 60 BLEU (measured: ~90) and score
+    within 1 BLEU of them against the references."""
+    import sacrebleu
+
+    fp32 = CTranslate2Translator.from_dir(exported["float32"]).translate(val[0])
+    int8 = CTranslate2Translator.from_dir(exported["int8"]).translate(val[0])
+    assert sacrebleu.corpus_bleu(int8, [fp32]).score >= 60
+    assert abs(sacrebleu.corpus_bleu(int8, [val[1]]).score - sacrebleu.corpus_bleu(fp32, [val[1]]).score) <= 1.0
+
+
+def test_exported_folder_is_self_contained(multi30k_tiny, exported):
+    folder = exported["float32"]
+    meta = json.loads((folder / "nmt.json").read_text())
+    state = load_checkpoint(multi30k_tiny[0])
+    assert meta["source_lang"] == "en" and meta["target_lang"] == "de" and meta["quantization"] == "float32"
+    assert (folder / "bpe.codes").read_text(encoding="utf-8") == state["bpe_codes"]
+    assert (folder / "vocab.txt").read_text(encoding="utf-8").splitlines() == state["vocab"]
+    assert (folder / "model.bin").stat().st_size > 0
+    assert not list(folder.parent.glob(".*.tmp"))
+
+
+def test_cli_export_then_translate_without_torch(multi30k_tiny, tmp_path, val):
+    """The CLI round trip; translating an exported folder never imports torch."""
+    model, root = multi30k_tiny
+    result = run_cli("export", "ctranslate2", "-m", model, "-o", tmp_path / "m", "--quantization", "float32")
+    assert result.exit_code == 0, result.output
+    expect_error(run_cli("export", "ctranslate2", "-m", model, "-o", tmp_path / "m"), "already exists", "--force")
+    probe = ("import atexit, sys; atexit.register(lambda: sys.stderr.write('torch loaded: %s\\n' % "
+             "('torch' in sys.modules))); from nmt_cli.cli import main; sys.argv[0] = 'nmt'; main()")
+    proc = subprocess.run([sys.executable, "-c", probe, "translate", "-m", str(tmp_path / "m"), "--greedy", "-i",
+                           str(root / "val.en")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "torch loaded: False" in proc.stderr
+    expected = Translator.from_checkpoint(model).translate(val[0], greedy=True)
+    assert proc.stdout.splitlines() == expected
+
+
+def test_export_bad_input(multi30k_tiny, tmp_path, monkeypatch):
+    model, _ = multi30k_tiny
+    expect_error(run_cli("export", "ctranslate2", "-m", tmp_path / "nope.pt", "-o", tmp_path / "o"), "nope.pt")
+    expect_error(run_cli("export", "ctranslate2", "-m", model, "-o", tmp_path / "o", "--quantization", "int3"),
+                 "--quantization", "int3")
+    (tmp_path / "empty").mkdir()
+    expect_error(run_cli("translate", "-m", tmp_path / "empty", "-i", model), "without model.bin")
+    folder = export_ctranslate2(model, tmp_path / "ok")
+    expect_error(run_cli("translate", "-m", folder, "-m", model), "ensemble")
+    expect_error(run_cli("translate", "-m", folder, "--precision", "bf16"), "--quantization")
+    (folder / "nmt.json").write_text("{", encoding="utf-8")
+    expect_error(run_cli("translate", "-m", folder), "nmt.json")
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # as if the extra were not installed
+    expect_error(run_cli("export", "ctranslate2", "-m", model, "-o", tmp_path / "o2"), "pip install")
