@@ -6,13 +6,20 @@ Each configuration runs `--repeat` times (after a one-batch warm-up); the table 
 includes one-time costs such as oneDNN compiling its bf16 kernels, and the best run. Also checks that odd
 input sizes (461, 1071 lines) come back whole.
 
-    python benchmarks/translate.py [--model exp/multi30k/model.pt] [--repeat 2]
+Then whole processes, as a user runs them: start-up (`import torch` alone, and one line through
+`nmt translate`, median of 3) and `nmt translate -i FILE -o OUT` over all 1,000 sentences (sent/s of the
+whole process, start-up included); with `--exported DIR` (from `nmt export ctranslate2`) the same for it.
+
+    python benchmarks/translate.py [--model exp/multi30k/model.pt] [--repeat 2] [--exported DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,6 +31,8 @@ def main() -> list[list]:
     parser.add_argument("--model", default=str(REPO / "exp" / "multi30k" / "model.pt"))
     parser.add_argument("--batch1-sentences", type=int, default=200)
     parser.add_argument("--repeat", type=int, default=2, help="runs per configuration")
+    parser.add_argument("--exported", help="an `nmt export ctranslate2` folder of the same model")
+    parser.add_argument("--whole-only", action="store_true", help="only the whole-process table")
     args = parser.parse_args()
     if not Path(args.model).exists():
         sys.exit(f"benchmark: {args.model} not found; run `make multi30k` first or pass --model")
@@ -35,6 +44,9 @@ def main() -> list[list]:
     data = require_multi30k()
     path = data / "test_2016_flickr.en.gz"
     sources = read_lines(path if path.exists() else data / "test_2016_flickr.en")
+    whole_process(args, sources)
+    if args.whole_only:
+        return []
     rows = []
     for precision in ("fp32", "bf16"):
         translator = Translator.from_checkpoint(args.model, device="cpu", precision=precision)
@@ -61,6 +73,33 @@ def main() -> list[list]:
                 ["search", "batch", "precision", "sentences", "sent/s (first run)", "sent/s (best)",
                  "tgt tok/s (best)"], rows)
     return rows
+
+
+def _timed(cmd: list[str], stdin: str | None = None) -> float:
+    start = time.perf_counter()
+    subprocess.run(cmd, input=stdin, text=True, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def whole_process(args, sources: list[str]) -> None:
+    """Start-up and whole-process throughput of `nmt translate`, as a user runs it."""
+    nmt = [sys.executable, "-m", "nmt_cli", "translate", "--quiet"]
+    torch_s = statistics.median(_timed([sys.executable, "-c", "import torch"]) for _ in range(3))
+    rows = [["python -c 'import torch'", "-", f"{torch_s:.2f}", "-"]]
+    models = [(args.model, "fp32"), (args.model, "bf16")]
+    if args.exported:
+        models.append((args.exported, "exported"))
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "test.en"
+        src.write_text("".join(s + "\n" for s in sources), encoding="utf-8")
+        for model, kind in models:
+            flags = ["-m", model] + (["--precision", kind] if kind != "exported" else [])
+            one = statistics.median(_timed(nmt + flags, stdin=sources[0] + "\n") for _ in range(3))
+            full = _timed(nmt + flags + ["-i", str(src), "-o", str(Path(tmp) / "out")])
+            rows.append([f"nmt translate -m {Path(model).name} ({kind}), beam 4, batch 64", len(sources),
+                         f"{one:.2f}", f"{len(sources) / full:.1f}"])
+    print_table(f"translate, whole process: Multi30k test_2016_flickr ({machine()})",
+                ["command", "sentences", "one line: s (median of 3)", "whole file: sent/s"], rows)
 
 
 if __name__ == "__main__":
