@@ -522,9 +522,11 @@ def serve_cmd(
     from .serve import ServeLimits, check_port, serve
 
     for flag, value in (("--max-batch", max_batch), ("--max-queue", max_queue), ("--max-sentences", max_sentences),
-                        ("--max-chars", max_chars), ("--port", port + 1)):
+                        ("--max-chars", max_chars)):
         if value < 1:
-            raise NmtError(f"{flag} must be at least {1 if flag != '--port' else 0} (got {value})")
+            raise NmtError(f"{flag} must be at least 1 (got {value})")
+    if not 0 <= port <= 65535:
+        raise NmtError(f"--port must be between 0 and 65535 (got {port})")
     if max_tokens is not None and max_tokens < 1:
         raise NmtError(f"--max-tokens must be at least 1 (got {max_tokens})")
     if batch_wait_ms < 0:

@@ -1,4 +1,5 @@
-"""Raw text -> Moses tokens -> BPE -> ids -> search -> detokenized text; the `Translator` API."""
+"""The PyTorch engine: `Translator` searches with nmt checkpoints (one model or an ensemble); the text
+handling around the search is `pipeline.TextTranslator`'s."""
 
 from __future__ import annotations
 

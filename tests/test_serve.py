@@ -170,5 +170,6 @@ def test_serve_bad_command_line(toy_model):
         busy = s.getsockname()[1]
         expect_error(run_cli("serve", "-m", toy_model, "--port", busy), f"127.0.0.1:{busy}", "cannot listen")
     expect_error(run_cli("serve", "-m", toy_model, "--max-batch", "0"), "--max-batch")
+    expect_error(run_cli("serve", "-m", toy_model, "--port", "70000"), "--port", "70000")
     expect_error(run_cli("serve", "-m", toy_model, "--max-sentences", "10", "--max-queue", "5"), "--max-queue")
     expect_error(run_cli("serve", "-m", "/nonexistent.pt", "--port", "0"), "nonexistent.pt")
