@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from .errors import NmtError
 from .pipeline import Hyp, TextTranslator
-from .textio import fsync_path
+from .textio import publish_directory, staging_directory
 from .vocab import Vocabulary
 
 FORMAT = "nmt-ctranslate2/1"
@@ -29,6 +27,12 @@ def _ctranslate2() -> Any:
     except ImportError:
         raise NmtError(INSTALL_HINT) from None
     return ctranslate2
+
+
+def ct2_tokens(vocab: Vocabulary) -> list[str]:
+    """The vocabulary as CTranslate2 names it: "<blank>" for the padding entry (as its fairseq converter does;
+    CTranslate2 pads internally)."""
+    return ["<blank>" if i == vocab.pad else s for i, s in enumerate(vocab.symbols)]
 
 
 def build_spec(state: dict) -> Any:
@@ -84,8 +88,7 @@ def build_spec(state: dict) -> Any:
         linear(layer.ffn.linear_1, f"{p}.feed_forward.w2")
         norm(layer.ffn.layer_norm, f"{p}.sublayer.2.norm")
     spec.decoder.projection.weight = weights["embed.weight"]  # tied output projection, no bias
-    # CTranslate2 pads internally; "<blank>" is its name for the padding entry (as its fairseq converter does).
-    tokens = ["<blank>" if i == vocab.pad else s for i, s in enumerate(vocab.symbols)]
+    tokens = ct2_tokens(vocab)
     spec.register_source_vocabulary(tokens)
     spec.register_target_vocabulary(tokens)
     spec.config.add_source_eos = True  # nmt's sources end in </s>; decoding starts from <s>
@@ -117,10 +120,8 @@ def export_ctranslate2(checkpoint: str | Path, out: str | Path, quantization: st
         def _load(self) -> Any:
             return spec
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
-        model_dir = staging / "model"
+    with staging_directory(out) as staging:
+        model_dir = staging / "model"  # CTranslate2 writes a folder of its own
         _Spec().convert(str(model_dir), quantization=None if quantization == "float32" else quantization)
         meta = {"format": FORMAT, "source_lang": state["source_lang"], "target_lang": state["target_lang"],
                 "tokenizer": state.get("tokenizer") or {}, "max_positions": state["config"]["max_positions"],
@@ -129,17 +130,7 @@ def export_ctranslate2(checkpoint: str | Path, out: str | Path, quantization: st
         (model_dir / "nmt.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         (model_dir / "vocab.txt").write_text("".join(s + "\n" for s in state["vocab"]), encoding="utf-8")
         (model_dir / "bpe.codes").write_text(state["bpe_codes"], encoding="utf-8")
-        for path in model_dir.iterdir():
-            fsync_path(path)
-        fsync_path(model_dir, directory=True)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(model_dir, out)
-        fsync_path(out.parent, directory=True)
-    except OSError as e:
-        raise NmtError(f"{out}: cannot write the exported model ({e.strerror or e})") from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        publish_directory(model_dir, out)
     return out
 
 
@@ -155,7 +146,7 @@ class CTranslate2Translator(TextTranslator):
         super().__init__(vocab, bpe_codes, meta["source_lang"], meta["target_lang"], int(meta["max_positions"]),
                          normalize)
         self.translator = translator
-        self.pieces = ["<blank>" if i == vocab.pad else s for i, s in enumerate(vocab.symbols)]
+        self.pieces = ct2_tokens(vocab)
 
     @classmethod
     def from_dir(cls, path: str | Path, device: str | None = None, threads: int = 0) -> CTranslate2Translator:

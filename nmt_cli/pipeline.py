@@ -63,7 +63,7 @@ class TextTranslator:
         batches: list[list[int]] = []
         current: list[int] = []
         for i in order:
-            longest = max([lengths[j] for j in current] + [lengths[i]]) + 1
+            longest = lengths[current[0] if current else i] + 1  # longest first: a batch's first is its longest
             too_many = max_tokens is not None and longest * (len(current) + 1) > max_tokens
             if current and (too_many or (max_tokens is None and len(current) >= batch_size)):
                 batches.append(current)

@@ -9,13 +9,11 @@ counting pieces) -> vocabulary -> binarize.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import platform
 import resource
 import shutil
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -30,7 +28,7 @@ from . import text
 from .bpe import learn_bpe_codes
 from .data import BinarizedWriter, token_dtype
 from .errors import NmtError
-from .textio import apply_default_mode, file_sha256, fsync_path, iter_lines, remove_temporaries, temporary_prefix
+from .textio import file_sha256, iter_lines, publish_directory, staging_directory
 from .vocab import Vocabulary
 from .workers import ordered_map
 
@@ -261,7 +259,7 @@ def prepare(opts: PrepareOptions, on_stage: Callable[[dict], None] | None = None
     out = _check_options(opts)
     inputs = _split_inputs(opts)
     tokenizer = _tokenizer_meta(opts.normalize)
-    with _staging(out) as staging:
+    with staging_directory(out) as staging:
         stages = _Stages(opts.quiet, on_stage, staging)
         with stages.progress:
             work = staging / ".work"
@@ -309,7 +307,7 @@ def binarize_segmented(opts: PrepareOptions, codes: str) -> dict:
     out = _check_options(opts)
     inputs = _split_inputs(opts)
     tokenizer = _tokenizer_meta(False)
-    with _staging(out) as staging:
+    with staging_directory(out) as staging:
         stages = _Stages(opts.quiet, None, staging)
         with stages.progress:
             meta = _segment_and_binarize(inputs, staging, None, opts, stages, tokenizer, inputs, stored_codes=codes)
@@ -317,37 +315,10 @@ def binarize_segmented(opts: PrepareOptions, codes: str) -> dict:
     return meta
 
 
-@contextlib.contextmanager
-def _staging(out: Path) -> Iterator[Path]:
-    """A temporary directory beside `out`, removed unless it was renamed into place."""
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise NmtError(f"{out}: cannot write here ({out.parent} is not a directory)") from None
-    remove_temporaries(out.parent, out.name)  # staging directories of killed runs
-    path = Path(tempfile.mkdtemp(prefix=temporary_prefix(out), suffix=".tmp", dir=out.parent))
-    try:
-        yield path
-    except OSError as e:  # a full disk, a vanished directory: one line, nothing left that looks complete
-        raise NmtError(f"{out}: cannot write ({e.strerror or e})") from None
-    finally:
-        if path.exists():
-            shutil.rmtree(path)
-
-
 def _finish(staging: Path, out: Path, meta: dict) -> None:
     shutil.rmtree(staging / ".work", ignore_errors=True)
-    apply_default_mode(staging, directory=True)
     (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    for path in staging.iterdir():
-        fsync_path(path)
-    fsync_path(staging, directory=True)
-    if out.is_symlink() or out.is_file():
-        out.unlink()  # --force onto a file or a symlink replaces the link, never what it points to
-    elif out.exists():
-        shutil.rmtree(out)
-    os.replace(staging, out)
-    fsync_path(out.parent, directory=True)
+    publish_directory(staging, out)
 
 
 def _tokenize(inputs: dict[str, tuple[Path, Path]], work: Path, staging: Path, opts: PrepareOptions,

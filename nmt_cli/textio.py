@@ -143,3 +143,37 @@ def write_lines(path: str | Path, lines: list[str]) -> None:
             for line in lines:
                 f.write(line)
                 f.write("\n")
+
+
+@contextlib.contextmanager
+def staging_directory(out: Path) -> Iterator[Path]:
+    """A temporary directory beside `out` to build it in, removed unless `publish_directory` renamed it into
+    place; an OSError inside (a full disk) becomes one line naming `out`."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise NmtError(f"{out}: cannot write here ({out.parent} is not a directory)") from None
+    remove_temporaries(out.parent, out.name)  # staging directories of killed runs
+    path = Path(tempfile.mkdtemp(prefix=temporary_prefix(out), suffix=".tmp", dir=out.parent))
+    try:
+        yield path
+    except OSError as e:  # a full disk, a vanished directory: one line, nothing left that looks complete
+        raise NmtError(f"{out}: cannot write ({e.strerror or e})") from None
+    finally:
+        if path.exists():
+            shutil.rmtree(path)
+
+
+def publish_directory(staging: Path, out: Path) -> None:
+    """Make a finished staging directory `out`, durably: its files and entries are flushed before the rename.
+    An existing `out` is replaced (a file or symlink there is removed, never what a link points to)."""
+    apply_default_mode(staging, directory=True)
+    for path in staging.iterdir():
+        fsync_path(path)
+    fsync_path(staging, directory=True)
+    if out.is_symlink() or out.is_file():
+        out.unlink()
+    elif out.exists():
+        shutil.rmtree(out)
+    os.replace(staging, out)
+    fsync_path(out.parent, directory=True)

@@ -12,11 +12,13 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from .errors import NmtError
+
 _POLL_S = 0.5
 
 
-class WorkerDied(RuntimeError):
-    """A worker process ended without returning its result (killed, or out of memory)."""
+class WorkerDied(NmtError):
+    """A worker process ended without returning its result (killed, or out of memory): one line, exit 2."""
 
 
 def ordered_map(fn: Callable[[Any], Any], jobs: Iterable[Any], workers: int,
@@ -36,7 +38,7 @@ def ordered_map(fn: Callable[[Any], Any], jobs: Iterable[Any], workers: int,
         return
     # Job k goes to worker k % workers through that worker's own inbox and comes back through its own outbox:
     # no lock shared between processes and no handler threads whose state a Ctrl-C can leave half-updated
-    # (multiprocessing.Pool has both, and one Ctrl-C in a few dozen left its terminate() hanging).
+    # (multiprocessing.Pool has both; a Ctrl-C during a Pool-based prepare once hung CI).
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
     inboxes = [ctx.Queue() for _ in range(workers)]
     outboxes = [ctx.Queue() for _ in range(workers)]
@@ -100,7 +102,8 @@ def _receive(outbox: Any, proc: Any) -> Any:
             ok, value = outbox.get(timeout=_POLL_S)
         except queue.Empty:
             if not proc.is_alive():
-                raise WorkerDied(f"a worker process died (exit code {proc.exitcode})") from None
+                raise WorkerDied(f"a worker process died (exit code {proc.exitcode}; out of memory? "
+                                 "try fewer --workers)") from None
             continue
         if not ok:
             raise value

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import subprocess
 import sys
@@ -128,5 +129,13 @@ def test_export_bad_input(multi30k_tiny, tmp_path, monkeypatch):
     expect_error(run_cli("translate", "-m", folder, "--precision", "bf16"), "--quantization")
     (folder / "nmt.json").write_text("{", encoding="utf-8")
     expect_error(run_cli("translate", "-m", folder), "nmt.json")
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr("nmt_cli.textio.fsync_path", full)
+        expect_error(run_cli("export", "ctranslate2", "-m", model, "-o", tmp_path / "full"), "full",
+                     "No space left on device")
+    assert not (tmp_path / "full").exists() and not list(tmp_path.glob(".full.*"))
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # as if the extra were not installed
     expect_error(run_cli("export", "ctranslate2", "-m", model, "-o", tmp_path / "o2"), "pip install")

@@ -409,7 +409,6 @@ def test_full_disk_for_prepare_and_translate_outputs(toy_model, toy_data, tmp_pa
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr("nmt_cli.textio.fsync_path", full)
-    monkeypatch.setattr("nmt_cli.prepare.fsync_path", full)
     expect_error(run_cli("translate", "-m", toy_model, "-i", src, "-o", tmp_path / "out.de", "--quiet"), "out.de",
                  "No space left on device")
     assert (tmp_path / "out.de").read_text() == "previous\n"
