@@ -49,7 +49,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
             grad_hidden = torch.empty_like(h)  # (N, d)
             grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)  # (V, d)
             total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-            probs = torch.empty((chunk, vocab), dtype=compute_dtype, device=h.device)
+            hidden_sum = torch.zeros(h.shape[1], dtype=torch.float32, device=hidden.device)
+            tiny = torch.finfo(compute_dtype).tiny  # a target whose probability underflows costs -log(tiny)
             for start in range(0, h.shape[0], chunk):
                 hc, tc = h[start : start + chunk], target[start : start + chunk]
                 rows = hc.shape[0]
@@ -58,20 +59,24 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     # Pad the last chunk with zero rows: every matmul then has the same shape, and oneDNN does
                     # not build and cache new kernels for each batch. Zero rows add nothing to grad_weight.
                     hc = torch.cat([hc, hc.new_zeros(chunk - rows, hc.shape[1])])
-                logits = (hc @ w.t()).float()  # (chunk, V)
-                lse = torch.logsumexp(logits, dim=-1)  # (chunk,)
-                target_logit = logits[:rows].gather(1, tc[:, None]).squeeze(1)
-                nll, uniform = lse[:rows] - target_logit, lse[:rows] - hc_real @ w_mean
+                logits = hc @ w.t()  # (chunk, V) in the compute dtype
+                # One fused kernel (float32 arithmetic inside, even for bf16 logits) instead of the casts,
+                # logsumexp, subtraction and exp it replaces: d loss / d logits = softmax - eps / V
+                # - (1 - eps) * onehot(target); the other two terms are folded into the products below.
+                p = torch.softmax(logits, dim=-1)
+                # The loss from the same probabilities: nll = -log p[target], lse = logit[target] + nll.
+                target_p = p[:rows].gather(1, tc[:, None]).squeeze(1).float()
+                nll = -target_p.clamp_min(tiny).log()
+                lse = logits[:rows].gather(1, tc[:, None]).squeeze(1).float() + nll
+                uniform = lse - hc_real @ w_mean  # cross-entropy against the uniform distribution
                 total += ((1 - smoothing) * nll + smoothing * uniform).sum()
-                # d loss / d logits = softmax - eps / V - (1 - eps) * onehot(target). Only the softmax term is
-                # materialized (exp and cast in one pass); the other two are folded into the products below.
-                p = torch.exp(logits.sub_(lse[:, None]), out=probs)
                 grad_hidden[start : start + rows] = (
                     (p @ w)[:rows].float() - smoothing * w_mean - (1 - smoothing) * weight[tc].float()
                 ).to(compute_dtype)
                 grad_weight += (p.t() @ hc).float()
-                grad_weight -= (smoothing / vocab) * hc_real.sum(0)
+                hidden_sum += hc_real.sum(0)
                 grad_weight.index_add_(0, tc, hc_real, alpha=-(1 - smoothing))
+            grad_weight -= (smoothing / vocab) * hidden_sum  # the eps / V term, once for all rows
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.dtypes = (hidden.dtype, weight.dtype)
         return total
