@@ -18,10 +18,10 @@ MAX_TOKENS     ?= 4096
 LR_SCALE       ?= 0.5
 WARMUP         ?= 1000
 TRAIN_MINUTES  ?= 60
-AVERAGE_LAST   ?= 8
+AVERAGE_WINDOWS ?= 3 5 8 10
 KEEP_LAST      ?= 10
 BEAM           ?= 4
-LENPEN         ?= 0.6
+LENPENS        ?= 0.6 1.0 1.4 2.0
 TRAIN_FLAGS    ?=
 NMT            ?= nmt
 
@@ -60,23 +60,16 @@ $(EXP)/ckpt/.done: $(EXP)/data/meta.json
 	  --keep-last $(KEEP_LAST) --seed 1 --device cpu $(TRAIN_FLAGS)
 	@touch $@
 
-# The average of the last checkpoints is kept only when it beats the best single checkpoint on val BLEU.
+# Chosen on val only (recipes/select_on_val.py): the best single checkpoint or the average of the last N
+# epoch checkpoints (N in AVERAGE_WINDOWS), then the length penalty among LENPENS.
 $(EXP)/model.pt: $(EXP)/ckpt/.done
-	$(NMT) average --last $(AVERAGE_LAST) $(EXP)/ckpt -o $(EXP)/averaged.pt
-	@set -e; for m in averaged best; do \
-	  f=$(EXP)/averaged.pt; [ $$m = best ] && f=$(EXP)/ckpt/checkpoint_best.pt; \
-	  $(NMT) translate -m $$f -i $(EXP)/data/valid.raw.$(SRC) -o $(EXP)/valid.$$m.hyp --beam $(BEAM) --lenpen $(LENPEN) --quiet; \
-	  $(NMT) score --ref $(EXP)/data/valid.raw.$(TGT) --hyp $(EXP)/valid.$$m.hyp --metrics bleu --json > $(EXP)/valid.$$m.json; \
-	done
-	@python3 -c "import json,shutil,sys; e=sys.argv[1]; \
-	  s={m: json.load(open(f'{e}/valid.{m}.json'))[0]['score'] for m in ('averaged','best')}; \
-	  pick='averaged' if s['averaged'] > s['best'] else 'best'; \
-	  print(f'val BLEU: averaged {s[\"averaged\"]:.2f}, best single {s[\"best\"]:.2f} -> using {pick}'); \
-	  shutil.copyfile(f'{e}/averaged.pt' if pick == 'averaged' else f'{e}/ckpt/checkpoint_best.pt', f'{e}/model.pt.tmp')" $(EXP)
-	@mv $(EXP)/model.pt.tmp $@
+	$(BIN)/python recipes/select_on_val.py --ckpt-dir $(EXP)/ckpt --src $(EXP)/data/valid.raw.$(SRC) \
+	  --ref $(EXP)/data/valid.raw.$(TGT) --windows "$(AVERAGE_WINDOWS)" --lenpens "$(LENPENS)" --beam $(BEAM) \
+	  --out $@ --record $(EXP)/selection.json
 
 $(EXP)/test.hyp: $(EXP)/model.pt
-	$(NMT) translate -m $< -i $(EXP)/data/test.raw.$(SRC) -o $@ --beam $(BEAM) --lenpen $(LENPEN)
+	$(NMT) translate -m $< -i $(EXP)/data/test.raw.$(SRC) -o $@ --beam $(BEAM) \
+	  --lenpen $$($(BIN)/python -c "import json,sys; print(json.load(open(sys.argv[1]))['lenpen'])" $(EXP)/selection.json)
 
 multi30k-score: $(EXP)/test.hyp
 	$(NMT) score --ref $(EXP)/data/test.raw.$(TGT) --hyp $< --metrics bleu,chrf

@@ -192,7 +192,8 @@ def test_multi30k_recipe_end_to_end(tmp_path):
     exp = tmp_path / "m30k"
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     result = subprocess.run(["make", "-o", ".venv/.installed", "multi30k", f"DATA={data}", f"EXP={exp}",
-                             "ARCH=tiny", "LINES=300", "TRAIN_MINUTES=0.25", "BPE_MERGES=500", "AVERAGE_LAST=3",
+                             "ARCH=tiny", "LINES=300", "TRAIN_MINUTES=0.25", "BPE_MERGES=500", "AVERAGE_WINDOWS=1 3",
+                             "LENPENS=0.6 1.0",
                              "PRECISION=fp32"],
                             cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
@@ -200,7 +201,12 @@ def test_multi30k_recipe_end_to_end(tmp_path):
     assert len(hyps) == 300
     assert re.search(r"bleu\s*│\s*[\d.]+", result.stdout) and "nrefs:1" in result.stdout
     assert "chrf" in result.stdout
-    assert (exp / "model.pt").exists() and "val BLEU: averaged" in result.stdout
+    # model and length penalty chosen on val: every candidate scored, the winner among them
+    selection = json.loads((exp / "selection.json").read_text())
+    assert {c["model"] for c in selection["candidates"]} == {"best single", "average of last 1", "average of last 3"}
+    assert {c["lenpen"] for c in selection["candidates"] if c["model"] == selection["model"]} == {0.6, 1.0}
+    assert selection["val_bleu"] == max(c["bleu"] for c in selection["candidates"])
+    assert (exp / "model.pt").exists() and "chosen on val:" in result.stdout
     # every step skips itself once its output exists
     again = subprocess.run(["make", "-o", ".venv/.installed", "-q", f"{exp}/test.hyp", f"DATA={data}",
                             f"EXP={exp}"], cwd=REPO, capture_output=True, text=True)

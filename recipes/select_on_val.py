@@ -1,0 +1,96 @@
+"""Choose, on the validation set only, the model and length penalty a recipe ships.
+
+Candidates: the best single checkpoint (by validation loss) and the average of the last N numbered
+checkpoints for each N of --windows (those with more checkpoints than saved are left out). Each is scored
+by sacreBLEU of its beam search on val at the first length penalty of --lenpens; the winner is then scored
+at the other length penalties. Ties keep the earlier candidate. Writes the chosen model to --out (atomically)
+and every score to --record (JSON), and prints one line per candidate.
+
+    python recipes/select_on_val.py --ckpt-dir EXP/ckpt --src valid.raw.en --ref valid.raw.de \
+        --windows 3,5,8,10 --lenpens 0.6,1.0,1.4,2.0 --beam 4 --out EXP/model.pt --record EXP/selection.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from nmt_cli.checkpoint import average_checkpoints, numbered_checkpoints, save_checkpoint
+from nmt_cli.errors import NmtError
+from nmt_cli.score import score
+from nmt_cli.textio import atomic_path, read_lines
+from nmt_cli.translate import Translator
+
+
+def numbers(text: str, kind: type) -> list:
+    """A comma- or space-separated list, e.g. "3,5,8"."""
+    return [kind(x) for x in text.replace(",", " ").split()]
+
+
+def select(ckpt_dir: Path, src: Path, ref: Path, windows: list[int], lenpens: list[float], beam: int,
+           out: Path, record: Path, precision: str = "fp32") -> dict:
+    """Score the candidates on val, write the chosen model to `out` and the scores to `record`; return the record."""
+    sources, refs = read_lines(src), read_lines(ref)
+    if len(sources) != len(refs):
+        raise NmtError(f"{src} has {len(sources)} lines but {ref} has {len(refs)}")
+    best = ckpt_dir / "checkpoint_best.pt"
+    numbered = numbered_checkpoints(ckpt_dir)
+    if not best.exists() and not numbered:
+        raise NmtError(f"{ckpt_dir}: no checkpoints to choose from")
+
+    def bleu(path: Path, lenpen: float) -> float:
+        hyps = Translator.from_checkpoint(path, precision=precision).translate(sources, beam=beam, lenpen=lenpen)
+        return score(hyps, [refs], metrics=("bleu",))[0]["score"]
+
+    scores: list[dict] = []
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        candidates = [("best single", best)] if best.exists() else []
+        for n in windows:
+            if n <= len(numbered):
+                path = Path(tmp) / f"last{n}.pt"
+                save_checkpoint(average_checkpoints(numbered[-n:]), path)
+                candidates.append((f"average of last {n}", path))
+        for name, path in candidates:
+            scores.append({"model": name, "lenpen": lenpens[0], "bleu": bleu(path, lenpens[0])})
+            print(f"val BLEU {scores[-1]['bleu']:6.2f}  {name}, lenpen {lenpens[0]}", flush=True)
+        chosen = max(range(len(scores)), key=lambda i: (scores[i]["bleu"], -i))
+        name, path = candidates[chosen]
+        for lenpen in lenpens[1:]:
+            scores.append({"model": name, "lenpen": lenpen, "bleu": bleu(path, lenpen)})
+            print(f"val BLEU {scores[-1]['bleu']:6.2f}  {name}, lenpen {lenpen}", flush=True)
+        pick = max((s for s in scores if s["model"] == name), key=lambda s: s["bleu"])
+        with atomic_path(out) as staged:
+            shutil.copyfile(path, staged)
+    result = {"model": name, "lenpen": pick["lenpen"], "val_bleu": pick["bleu"], "candidates": scores}
+    with atomic_path(record) as staged:
+        staged.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"chosen on val: {name}, lenpen {pick['lenpen']} (val BLEU {pick['bleu']:.2f})")
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ckpt-dir", type=Path, required=True)
+    parser.add_argument("--src", type=Path, required=True)
+    parser.add_argument("--ref", type=Path, required=True)
+    parser.add_argument("--windows", default="3,5,8,10", help="average the last N checkpoints, for each N")
+    parser.add_argument("--lenpens", default="0.6,1.0,1.4,2.0", help="length penalties; the first picks the model")
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--record", type=Path, required=True)
+    args = parser.parse_args()
+    try:
+        select(args.ckpt_dir, args.src, args.ref, numbers(args.windows, int), numbers(args.lenpens, float), args.beam,
+               args.out, args.record, args.precision)
+    except NmtError as e:
+        sys.exit(f"select_on_val: {e}")
+
+
+if __name__ == "__main__":
+    main()
