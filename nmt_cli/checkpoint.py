@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import pickle
 import re
 import warnings
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from .errors import NmtError
 from .model import ModelConfig, Transformer
@@ -31,7 +33,8 @@ def payload_digest(obj) -> str:
         if isinstance(x, torch.Tensor):
             t = x.detach().cpu().contiguous()
             digest.update(f"T{t.dtype}{tuple(t.shape)}".encode())
-            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            if t.numel():
+                digest.update(t.reshape(-1).view(torch.uint8).numpy())  # the tensor's own buffer, not a copy
         elif isinstance(x, dict):
             digest.update(b"{")
             for key in sorted(x, key=repr):
@@ -100,10 +103,32 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 def model_from_checkpoint(state: dict) -> tuple[Transformer, Vocabulary]:
     """The model (in eval mode) and vocabulary a checkpoint describes."""
     config = ModelConfig.from_dict(state["config"])
-    model = Transformer(config)
+    with skip_initialization():  # every weight comes from the checkpoint
+        model = Transformer(config)
     model.load_state_dict(state["model"])
     model.eval()
     return model, Vocabulary(state["vocab"])
+
+
+@contextlib.contextmanager
+def skip_initialization() -> Iterator[None]:
+    """Build modules without drawing their random initial weights (the modules' own reset_parameters and
+    torch.nn.init become no-ops), for weights that are loaded right after; as transformers' no_init_weights."""
+    patched = [(nn.init, name) for name in ("uniform_", "normal_", "xavier_uniform_", "kaiming_uniform_",
+                                             "zeros_", "ones_")]
+    patched += [(cls, "reset_parameters") for cls in (nn.Linear, nn.Embedding, nn.LayerNorm)]
+    saved = [(owner, name, getattr(owner, name)) for owner, name in patched]
+    try:
+        for owner, name in patched:
+            setattr(owner, name, _keep)
+        yield
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+
+
+def _keep(tensor_or_module, *args, **kwargs):
+    return tensor_or_module
 
 
 def numbered_checkpoints(save_dir: str | Path) -> list[Path]:
@@ -135,9 +160,15 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict:
             total[k] += v.to(torch.float32)
         last = state
     n = len(paths)
-    model = {k: (v / n).to(first["model"][k].dtype) for k, v in total.items()}
-    out = {k: last[k] for k in SELF_CONTAINED_KEYS if k in last}
-    out["model"] = model
+    out = model_only(last)
+    out["model"] = {k: (v / n).to(first["model"][k].dtype) for k, v in total.items()}
     out["averaged_from"] = [str(p) for p in paths]
-    out["updates"] = last.get("updates", 0)
+    return out
+
+
+def model_only(state: dict) -> dict:
+    """A checkpoint without its training state (optimizer, loss scaler, RNG, progress): what translation needs,
+    a third of a training checkpoint's size."""
+    out = {k: state[k] for k in (*SELF_CONTAINED_KEYS, "model", "averaged_from") if k in state}
+    out["updates"] = state.get("updates", 0)
     return out

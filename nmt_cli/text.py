@@ -4,11 +4,35 @@ from __future__ import annotations
 
 import io
 import re
+import sys
+import types
 from functools import lru_cache
 from pathlib import Path
 
-from sacremoses import MosesDetokenizer, MosesPunctNormalizer, MosesTokenizer
-from subword_nmt.apply_bpe import BPE
+
+def _import_sacremoses() -> types.ModuleType:
+    """sacremoses, without the joblib import its util module makes for its parallel corpus helpers (about a
+    fifth of a second of every `nmt translate`). nmt never calls those helpers, so while sacremoses loads,
+    "joblib" names an empty module; the real joblib is imported as usual by whoever asks for it later."""
+    if "sacremoses" in sys.modules or "joblib" in sys.modules:
+        import sacremoses
+
+        return sacremoses
+    placeholder = types.ModuleType("joblib")
+    placeholder.Parallel = placeholder.delayed = None  # type: ignore[attr-defined]
+    sys.modules["joblib"] = placeholder
+    try:
+        import sacremoses
+    finally:
+        del sys.modules["joblib"]
+    return sacremoses
+
+
+_sacremoses = _import_sacremoses()
+MosesDetokenizer, MosesPunctNormalizer, MosesTokenizer = (
+    _sacremoses.MosesDetokenizer, _sacremoses.MosesPunctNormalizer, _sacremoses.MosesTokenizer)
+
+from subword_nmt.apply_bpe import BPE  # noqa: E402
 
 BPE_SEPARATOR = "@@"
 

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import tempfile
 from pathlib import Path
 
-from nmt_cli.checkpoint import average_checkpoints, numbered_checkpoints, save_checkpoint
+from nmt_cli.checkpoint import average_checkpoints, load_checkpoint, model_only, numbered_checkpoints, save_checkpoint
 from nmt_cli.errors import NmtError
 from nmt_cli.score import score
 from nmt_cli.textio import atomic_path, read_lines
@@ -64,8 +63,7 @@ def select(ckpt_dir: Path, src: Path, ref: Path, windows: list[int], lenpens: li
             scores.append({"model": name, "lenpen": lenpen, "bleu": bleu(path, lenpen)})
             print(f"val BLEU {scores[-1]['bleu']:6.2f}  {name}, lenpen {lenpen}", flush=True)
         pick = max((s for s in scores if s["model"] == name), key=lambda s: s["bleu"])
-        with atomic_path(out) as staged:
-            shutil.copyfile(path, staged)
+        save_checkpoint(model_only(load_checkpoint(path)), out)  # without the optimizer state: a third the size
     result = {"model": name, "lenpen": pick["lenpen"], "val_bleu": pick["bleu"], "candidates": scores}
     with atomic_path(record) as staged:
         staged.write_text(json.dumps(result, indent=2) + "\n")

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from nmt_cli.checkpoint import load_checkpoint, save_checkpoint
+from nmt_cli.checkpoint import load_checkpoint, model_from_checkpoint, model_only, save_checkpoint
 from nmt_cli.translate import Translator
 
 from .conftest import expect_error, run_cli
@@ -46,6 +46,27 @@ def test_average_is_the_parameter_mean(two_checkpoints, tmp_path):
     assert run_cli("average", b, "-o", one).exit_code == 0
     for name, value in load_checkpoint(one)["model"].items():
         assert torch.equal(value, sb["model"][name])
+
+
+def test_model_only_checkpoint_translates_alike_and_loads_exact_weights(two_checkpoints, tmp_path):
+    """What a recipe ships: no training state, the same weights, the same translations; building the model
+    for loading skips the random initialisation and leaves torch's initialisers as they were."""
+    full = load_checkpoint(two_checkpoints / "checkpoint_6.pt")
+    slim_path = tmp_path / "slim.pt"
+    save_checkpoint(model_only(full), slim_path)
+    slim = load_checkpoint(slim_path)
+    assert not {"optimizer", "scaler", "rng", "progress"} & set(slim) and slim["updates"] == full["updates"]
+    assert slim_path.stat().st_size < 0.6 * (two_checkpoints / "checkpoint_6.pt").stat().st_size
+    model, _ = model_from_checkpoint(slim)
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, full["model"][name]), name
+    sentences = ["W1 w2 w3.", "W4 w5."]
+    assert (Translator.from_checkpoint(slim_path).translate(sentences)
+            == Translator.from_checkpoint(two_checkpoints / "checkpoint_6.pt").translate(sentences))
+    torch.manual_seed(0)
+    a = torch.nn.Linear(8, 8)
+    torch.manual_seed(0)
+    assert torch.equal(torch.nn.Linear(8, 8).weight, a.weight) and a.weight.abs().sum() > 0  # init restored
 
 
 def test_average_refuses_mismatched_checkpoints(two_checkpoints, tmp_path):

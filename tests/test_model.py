@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from nmt_cli import ops
-from nmt_cli.model import Transformer, make_config, sinusoidal_positions
+from nmt_cli.model import Transformer, explicit_attention, make_config, sinusoidal_positions
 from nmt_cli.ops import dropout, linear_cross_entropy, linear_log_softmax_topk
 from nmt_cli.train import inverse_sqrt_lr
 
@@ -108,6 +108,58 @@ def test_linear_cross_entropy_matches_reference(smoothing):
     with torch.no_grad():
         no_grad_loss = float(linear_cross_entropy(hidden, weight, target, smoothing))
         assert no_grad_loss == pytest.approx(float(reference.detach()), rel=1e-6)
+
+
+def test_linear_cross_entropy_target_underflow_stays_finite():
+    """A target whose probability underflows (logit 200 below the best) costs -log(tiny) instead of inf;
+    the gradient is still exact."""
+    hidden = torch.tensor([[1.0, 0.0], [0.0, 1.0]], requires_grad=True)
+    weight = torch.tensor([[200.0, 0.0], [0.0, 0.0], [0.0, 1.0]], requires_grad=True)
+    target = torch.tensor([1, 2])
+    loss = linear_cross_entropy(hidden, weight, target, 0.1)
+    assert torch.isfinite(loss) and float(loss.detach()) > 80
+    loss.backward()
+    grads = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    F.cross_entropy(hidden @ weight.t(), target, label_smoothing=0.1, reduction="sum").backward()
+    torch.testing.assert_close(grads, (hidden.grad, weight.grad))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_explicit_attention_equals_fused_attention(causal):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(3, 4, 7, 16, dtype=torch.float64) for _ in range(3))
+    mask = torch.ones(3, 1, 1, 7, dtype=torch.bool)
+    mask[1, ..., 4:] = False
+    for m in (None, mask):
+        expected = F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=causal)
+        torch.testing.assert_close(explicit_attention(q, k, v, m, causal), expected)
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # in bf16: within bf16's rounding
+            low = explicit_attention(q.float(), k.float(), v.float(), m, causal)
+        assert low.dtype == torch.bfloat16
+        torch.testing.assert_close(low.double(), expected, atol=0.05, rtol=0.05)
+
+
+def test_bf16_training_step_agrees_with_fp32():
+    """Training under bf16 autocast (explicit attention, the fused loss in bf16) gives the fp32 loss and
+    gradients up to bf16 rounding."""
+    torch.manual_seed(0)
+    model = Transformer(make_config("tiny", 50, dropout=0.0)).train()
+    src, prev = torch.randint(4, 50, (6, 9)), torch.randint(4, 50, (6, 8))
+    src[2, 6:] = 0
+    target = torch.randint(4, 50, (48,))
+
+    def loss_and_grads(precision: str):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            loss = linear_cross_entropy(model(src, prev).flatten(0, 1), model.embed.weight, target, 0.1)
+        loss.backward()
+        return float(loss), torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    loss32, grad32 = loss_and_grads("fp32")
+    loss16, grad16 = loss_and_grads("bf16")
+    assert loss16 == pytest.approx(loss32, rel=0.01)
+    assert float(F.cosine_similarity(grad16, grad32, dim=0)) > 0.99
 
 
 def test_dropout_rate_and_expectation():

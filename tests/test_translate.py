@@ -198,3 +198,13 @@ def test_beam_one_equals_greedy_on_an_untrained_model(toy_data, sources):
     beam = translator.translate(sources[:40], beam=1, lenpen=0.0)
     assert beam == translator.translate(sources[:40], greedy=True)
     assert max(len(h.split()) for h in beam) > 10  # it really ran long
+
+
+def test_text_module_loads_sacremoses_without_joblib():
+    """The start-up saving is real (no joblib after importing nmt's text layer), and harmless: a later
+    `import joblib` gets the real module, and tokenization works."""
+    code = ("import sys, nmt_cli.text as t; assert 'joblib' not in sys.modules, 'joblib imported'; "
+            "assert t.tokenize('Hello, world-wide!', 'en') == 'Hello , world @-@ wide !'; "
+            "import joblib; assert joblib.Parallel is not None and joblib.delayed is not None; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
