@@ -8,6 +8,7 @@ translator in one process (what `nmt translate` does with a file). Beam 4, fp32,
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import socket
 import statistics
@@ -21,30 +22,45 @@ from pathlib import Path
 from common import REPO, machine, print_table, require_multi30k
 
 
-def _post(port: int, sentence: str) -> list[str]:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/translate", data=json.dumps(
-        {"text": [sentence]}).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=300) as response:
-        return json.loads(response.read())["translations"]
+def _post(port: int, sentence: str, connection: http.client.HTTPConnection | None = None) -> list[str]:
+    """POST one sentence; over `connection` when given (kept open between requests, as HTTP clients do)."""
+    body = json.dumps({"text": [sentence]}).encode()
+    own = connection is None
+    connection = connection or http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    try:
+        connection.request("POST", "/translate", body=body, headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        payload = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"HTTP {response.status}: {payload[:200]!r}")
+        return json.loads(payload)["translations"]
+    finally:
+        if own:
+            connection.close()
 
 
 def _load(port: int, sentences: list[str], clients: int) -> tuple[float, list[float]]:
-    """Send every sentence once, from `clients` threads each waiting for its answer before the next."""
+    """Send every sentence once, from `clients` threads each waiting for its answer before the next, each over
+    its own kept-open connection."""
     latencies: list[float] = []
     lock = threading.Lock()
     next_index = [0]
 
     def client() -> None:
-        while True:
-            with lock:
-                i = next_index[0]
-                next_index[0] += 1
-            if i >= len(sentences):
-                return
-            start = time.perf_counter()
-            _post(port, sentences[i])
-            with lock:
-                latencies.append(time.perf_counter() - start)
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+        try:
+            while True:
+                with lock:
+                    i = next_index[0]
+                    next_index[0] += 1
+                if i >= len(sentences):
+                    return
+                start = time.perf_counter()
+                _post(port, sentences[i], connection)
+                with lock:
+                    latencies.append(time.perf_counter() - start)
+        finally:
+            connection.close()
 
     threads = [threading.Thread(target=client) for _ in range(clients)]
     start = time.perf_counter()

@@ -3,6 +3,8 @@
 Each configuration runs `nmt train` on Multi30k (10k joint BPE, --max-tokens 4096) in a fresh process:
 a few warm-up updates, then a fixed number of timed updates (validation and saving excluded); with
 --repeats N each configuration runs N times and the table gives the median and the spread (min-max).
+The matmul bound is the speed of updates that were only their matrix products, each timed alone at its shape
+on this machine (`matmul_bound`); the share says how close training comes to it.
 
     python benchmarks/train.py [--archs small,base] [--precisions fp32,bf16] [--repeats 3]
 """
@@ -16,11 +18,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from common import machine, print_table, require_multi30k
 
-COLUMNS = ["model", "precision", "params", "timed updates", "tgt tok/s (median)", "spread", "peak MB"]
+COLUMNS = ["model", "precision", "params", "timed updates", "tgt tok/s (median)", "spread", "peak MB",
+           "matmul bound tok/s", "share of bound"]
 UPDATES = {"small": (10, 100), "base": (3, 20), "tiny": (10, 100), "big": (2, 8)}  # (warm-up, timed)
 
 
@@ -43,7 +47,45 @@ def worker(data_dir: str, arch: str, precision: str, save_dir: str) -> None:
     tokens = sum(r["tgt_tokens_per_s"] * (r["time"] - prev["time"]) for prev, r in zip(steps[warm - 1 :], timed_steps))
     start = [r for r in records if r["event"] == "start"][0]
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"tok_s": tokens / seconds, "peak_mb": peak_mb, "params": start["parameters"]}))
+    bound = matmul_bound(start["config"], precision, round(tokens / len(timed_steps)))
+    print(json.dumps({"tok_s": tokens / seconds, "peak_mb": peak_mb, "params": start["parameters"],
+                      "bound_tok_s": bound}))
+
+
+def matmul_bound(config: dict, precision: str, target_tokens: int, batch: int = 256, length: int = 16) -> float:
+    """Target tokens/s of updates that were nothing but their matrix products, each at the speed torch reaches
+    for its shape on this machine: every linear's forward, input-gradient and weight-gradient product,
+    attention's batched products (forward and backward), and the output projection's three products per
+    chunk of 256 target tokens; `batch` sentences padded to `length`, `target_tokens` real target tokens."""
+    import torch
+
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    d, ffn, layers, heads, vocab = (config[k] for k in ("d_model", "ffn", "layers", "heads", "vocab_size"))
+    rows = batch * length
+    linears = layers * [(d, 3 * d), (d, d), (d, ffn), (ffn, d)]  # encoder: self-attention in/out, FFN
+    linears += layers * [(d, 3 * d), (d, d), (d, d), (d, 2 * d), (d, d), (d, ffn), (ffn, d)]  # + cross-attention
+    products = []
+    for fan_in, fan_out in linears:
+        products += [((rows, fan_in), (fan_in, fan_out)), ((rows, fan_out), (fan_out, fan_in)),
+                     ((fan_out, rows), (rows, fan_in))]
+    bh, dk = batch * heads, d // heads
+    scores, weighted = ((bh, length, dk), (bh, dk, length)), ((bh, length, length), (bh, length, dk))
+    products += 3 * layers * 3 * [scores, weighted]  # 3 attentions per layer pair; backward = 2x forward
+    chunk = 256
+    products += -(-target_tokens // chunk) * [((chunk, d), (d, vocab)), ((chunk, vocab), (vocab, d)),
+                                              ((vocab, chunk), (chunk, d))]
+    seconds: dict[tuple, float] = {}
+    for shapes in set(products):
+        a, b = torch.randn(shapes[0], dtype=dtype), torch.randn(shapes[1], dtype=dtype)
+        for _ in range(3):
+            torch.matmul(a, b)
+        times = []
+        for _ in range(7):
+            begin = time.perf_counter()
+            torch.matmul(a, b)
+            times.append(time.perf_counter() - begin)
+        seconds[shapes] = statistics.median(times)
+    return target_tokens / sum(seconds[shapes] for shapes in products)
 
 
 def main() -> list[list]:
@@ -72,9 +114,11 @@ def main() -> list[list]:
                                           str(save)], check=True, capture_output=True, text=True).stdout
                     runs.append(json.loads(out.strip().splitlines()[-1]))
                 speeds = sorted(r["tok_s"] for r in runs)
+                bound = statistics.median(r["bound_tok_s"] for r in runs)
                 rows.append([arch, precision, f"{runs[0]['params'] / 1e6:.1f}M", UPDATES[arch][1],
                              statistics.median(speeds), f"{speeds[0]:,.0f}-{speeds[-1]:,.0f}",
-                             max(r["peak_mb"] for r in runs)])
+                             max(r["peak_mb"] for r in runs), bound,
+                             f"{100 * statistics.median(speeds) / bound:.0f}%"])
                 print_table("(partial)", COLUMNS, rows[-1:])
     print_table(f"train: Multi30k en-de, max-tokens 4096, CPU, {args.repeats} run(s) each ({machine()})", COLUMNS,
                 rows)
