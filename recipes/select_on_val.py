@@ -33,6 +33,8 @@ def numbers(text: str, kind: type) -> list:
 def select(ckpt_dir: Path, src: Path, ref: Path, windows: list[int], lenpens: list[float], beam: int,
            out: Path, record: Path, precision: str = "fp32") -> dict:
     """Score the candidates on val, write the chosen model to `out` and the scores to `record`; return the record."""
+    if not lenpens:
+        raise NmtError("--lenpens: give at least one length penalty")
     sources, refs = read_lines(src), read_lines(ref)
     if len(sources) != len(refs):
         raise NmtError(f"{src} has {len(sources)} lines but {ref} has {len(refs)}")
@@ -54,6 +56,8 @@ def select(ckpt_dir: Path, src: Path, ref: Path, windows: list[int], lenpens: li
                 path = Path(tmp) / f"last{n}.pt"
                 save_checkpoint(average_checkpoints(numbered[-n:]), path)
                 candidates.append((f"average of last {n}", path))
+        if not candidates:
+            raise NmtError(f"{ckpt_dir}: no checkpoint_best.pt and fewer numbered checkpoints than --windows asks")
         for name, path in candidates:
             scores.append({"model": name, "lenpen": lenpens[0], "bleu": bleu(path, lenpens[0])})
             print(f"val BLEU {scores[-1]['bleu']:6.2f}  {name}, lenpen {lenpens[0]}", flush=True)
@@ -63,10 +67,11 @@ def select(ckpt_dir: Path, src: Path, ref: Path, windows: list[int], lenpens: li
             scores.append({"model": name, "lenpen": lenpen, "bleu": bleu(path, lenpen)})
             print(f"val BLEU {scores[-1]['bleu']:6.2f}  {name}, lenpen {lenpen}", flush=True)
         pick = max((s for s in scores if s["model"] == name), key=lambda s: s["bleu"])
+        result = {"model": name, "lenpen": pick["lenpen"], "val_bleu": pick["bleu"], "candidates": scores}
+        with atomic_path(record) as staged:
+            staged.write_text(json.dumps(result, indent=2) + "\n")
+        # The model last: make takes its presence as "this step is done".
         save_checkpoint(model_only(load_checkpoint(path)), out)  # without the optimizer state: a third the size
-    result = {"model": name, "lenpen": pick["lenpen"], "val_bleu": pick["bleu"], "candidates": scores}
-    with atomic_path(record) as staged:
-        staged.write_text(json.dumps(result, indent=2) + "\n")
     print(f"chosen on val: {name}, lenpen {pick['lenpen']} (val BLEU {pick['bleu']:.2f})")
     return result
 
@@ -87,7 +92,8 @@ def main() -> None:
         select(args.ckpt_dir, args.src, args.ref, numbers(args.windows, int), numbers(args.lenpens, float), args.beam,
                args.out, args.record, args.precision)
     except NmtError as e:
-        sys.exit(f"select_on_val: {e}")
+        print(f"select_on_val: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

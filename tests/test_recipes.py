@@ -211,3 +211,20 @@ def test_multi30k_recipe_end_to_end(tmp_path):
     again = subprocess.run(["make", "-o", ".venv/.installed", "-q", f"{exp}/test.hyp", f"DATA={data}",
                             f"EXP={exp}"], cwd=REPO, capture_output=True, text=True)
     assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_select_on_val_bad_input(tmp_path):
+    src, ref = tmp_path / "v.en", tmp_path / "v.de"
+    src.write_text("a\nb\n")
+    ref.write_text("a\n")
+    script = [sys.executable, str(REPO / "recipes" / "select_on_val.py"), "--out", str(tmp_path / "m.pt"),
+              "--record", str(tmp_path / "s.json")]
+    for args, fragment in ((["--ckpt-dir", str(tmp_path / "none"), "--src", str(src), "--ref", str(src)],
+                            "no checkpoints to choose from"),
+                           (["--ckpt-dir", str(tmp_path), "--src", str(src), "--ref", str(ref)], "has 2 lines"),
+                           (["--ckpt-dir", str(tmp_path), "--src", str(tmp_path / "x"), "--ref", str(ref)],
+                            "no such file")):
+        out = subprocess.run(script + args, capture_output=True, text=True)
+        assert out.returncode == 2 and fragment in out.stderr, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+    assert not (tmp_path / "m.pt").exists()
