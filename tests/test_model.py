@@ -154,7 +154,7 @@ def test_bf16_training_step_agrees_with_fp32():
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
             loss = linear_cross_entropy(model(src, prev).flatten(0, 1), model.embed.weight, target, 0.1)
         loss.backward()
-        return float(loss), torch.cat([p.grad.flatten() for p in model.parameters()])
+        return float(loss.detach()), torch.cat([p.grad.flatten() for p in model.parameters()])
 
     loss32, grad32 = loss_and_grads("fp32")
     loss16, grad16 = loss_and_grads("bf16")
