@@ -100,6 +100,17 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     return state
 
 
+TRANSLATION_KEYS = ("model", "config", "vocab", "bpe_codes", "source_lang", "target_lang")
+
+
+def require_keys(state: dict, path: str | Path, keys: Sequence[str] = TRANSLATION_KEYS) -> dict:
+    """`state` itself, or a one-line NmtError naming `path` and the keys it lacks."""
+    missing = [k for k in keys if k not in state]
+    if missing:
+        raise NmtError(f"{path}: checkpoint lacks {', '.join(missing)}")
+    return state
+
+
 def model_from_checkpoint(state: dict) -> tuple[Transformer, Vocabulary]:
     """The model (in eval mode) and vocabulary a checkpoint describes."""
     config = ModelConfig.from_dict(state["config"])

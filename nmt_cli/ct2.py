@@ -103,17 +103,14 @@ def export_ctranslate2(checkpoint: str | Path, out: str | Path, quantization: st
     ctranslate2 = _ctranslate2()
     from ctranslate2.converters.converter import Converter
 
-    from .checkpoint import load_checkpoint
+    from .checkpoint import load_checkpoint, require_keys
 
     if quantization not in QUANTIZATIONS:
         raise NmtError(f"unknown --quantization {quantization!r} (choose from {', '.join(QUANTIZATIONS)})")
     out = Path(out)
     if out.exists() and not force:
         raise NmtError(f"{out}: already exists (use --force to replace it)")
-    state = load_checkpoint(checkpoint)
-    missing = [k for k in ("model", "config", "vocab", "bpe_codes", "source_lang", "target_lang") if k not in state]
-    if missing:
-        raise NmtError(f"{checkpoint}: checkpoint lacks {', '.join(missing)}")
+    state = require_keys(load_checkpoint(checkpoint), checkpoint)
     spec = build_spec(state)
 
     class _Spec(Converter):

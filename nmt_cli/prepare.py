@@ -289,12 +289,10 @@ def _tokenizer_meta(normalize: bool) -> dict:
 def _model_preprocessing(opts: PrepareOptions) -> tuple[str, Vocabulary, bool]:
     """For --from-model: the model's BPE codes, vocabulary and normalization setting (a language that
     contradicts -s/-t is an error)."""
-    from .checkpoint import load_checkpoint
+    from .checkpoint import load_checkpoint, require_keys
 
     state = load_checkpoint(opts.from_model)
-    missing = [k for k in ("vocab", "bpe_codes", "source_lang", "target_lang") if k not in state]
-    if missing:
-        raise NmtError(f"{opts.from_model}: checkpoint lacks {', '.join(missing)}")
+    require_keys(state, opts.from_model, ("vocab", "bpe_codes", "source_lang", "target_lang"))
     if (state["source_lang"], state["target_lang"]) != (opts.source_lang, opts.target_lang):
         raise NmtError(f"{opts.from_model}: the model translates {state['source_lang']}->{state['target_lang']}, "
                        f"not {opts.source_lang}->{opts.target_lang}")

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from . import DECODING_KERNEL_CACHE, size_kernel_cache
-from .checkpoint import load_checkpoint, model_from_checkpoint
+from .checkpoint import load_checkpoint, model_from_checkpoint, require_keys
 from .distributed import resolve_device
 from .errors import NmtError
 from .model import Transformer
@@ -47,11 +47,7 @@ class Translator(TextTranslator):
         dev = resolve_device(device)
         models, first = [], None
         for path in paths:
-            state = load_checkpoint(path)
-            needed = ("model", "config", "vocab", "bpe_codes", "source_lang", "target_lang")
-            missing = [k for k in needed if k not in state]
-            if missing:
-                raise NmtError(f"{path}: checkpoint lacks {', '.join(missing)}")
+            state = require_keys(load_checkpoint(path), path)
             if first is None:
                 first = state
             elif state["vocab"] != first["vocab"] or state["bpe_codes"] != first["bpe_codes"]:

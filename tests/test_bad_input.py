@@ -220,3 +220,18 @@ def test_version_help_and_summary(raw, tmp_path):
                      tmp_path / "d", "--bpe-merges", "20", "--workers", "1")
     assert result.exit_code == 0
     assert "training pairs dropped: 0 empty, 0 over --max-len, 0 over --max-ratio" in result.stderr
+
+
+def test_checkpoint_lacking_what_translation_needs(toy_model, tmp_path):
+    """translate, export and prepare --from-model name the checkpoint and the keys it lacks, in one line."""
+    state = load_checkpoint(toy_model)
+    del state["bpe_codes"]
+    partial = tmp_path / "partial.pt"
+    save_checkpoint(state, partial)
+    src = tmp_path / "in.en"
+    src.write_text("w1 w2\n")
+    expect_error(run_cli("translate", "-m", partial, "-i", src, "-o", tmp_path / "out"), str(partial),
+                 "lacks bpe_codes")
+    assert not (tmp_path / "out").exists()
+    pytest.importorskip("ctranslate2")
+    expect_error(run_cli("export", "ctranslate2", "-m", partial, "-o", tmp_path / "ct2"), "lacks bpe_codes")
