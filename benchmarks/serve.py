@@ -39,6 +39,11 @@ def _post(port: int, sentence: str, connection: http.client.HTTPConnection | Non
             connection.close()
 
 
+def _health(port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30) as response:
+        return json.loads(response.read())
+
+
 def _load(port: int, sentences: list[str], clients: int) -> tuple[float, list[float]]:
     """Send every sentence once, from `clients` threads each waiting for its answer before the next, each over
     its own kept-open connection."""
@@ -92,6 +97,11 @@ def main() -> list[list]:
     start = time.perf_counter()
     expected = translator.translate(sentences, beam=4, batch_size=64)
     batch64 = len(sentences) / (time.perf_counter() - start)
+    # What 32 clients can at best give: batches of 32 sentences in arrival order (not sorted by length).
+    start = time.perf_counter()
+    for i in range(0, len(sentences), 32):
+        translator.translate(sentences[i : i + 32], beam=4, batch_size=32)
+    arrival32 = len(sentences) / (time.perf_counter() - start)
     del translator
 
     with socket.socket() as s:
@@ -113,19 +123,25 @@ def main() -> list[list]:
         for s in sentences[:64]:
             _post(port, s)  # warm-up
         assert _post(port, sentences[0]) == expected[:1]
-        rows = [["nmt translate, batch 64 (one process, no HTTP)", "-", f"{batch64:.1f}", "100%", "-", "-"]]
+        rows = [["nmt translate, batch 64 (one process, no HTTP)", "-", f"{batch64:.1f}", "100%", "-", "-", "64"],
+                ["translate() on each 32 sentences in arrival order (no HTTP)", "-", f"{arrival32:.1f}",
+                 f"{100 * arrival32 / batch64:.0f}%", "-", "-", "32"]]
         for clients in [int(c) for c in args.clients.split(",")]:
+            before = _health(port)
             seconds, latencies = _load(port, sentences, clients)
+            after = _health(port)
             rate = len(sentences) / seconds
             q = statistics.quantiles(latencies, n=20)
+            per_batch = ((after["translated_sentences"] - before["translated_sentences"])
+                         / max(after["batches"] - before["batches"], 1))
             rows.append([f"nmt serve, {clients} client(s), 1 sentence per request", clients, f"{rate:.1f}",
                          f"{100 * rate / batch64:.0f}%", f"{1000 * statistics.median(latencies):.0f}",
-                         f"{1000 * q[18]:.0f}"])
+                         f"{1000 * q[18]:.0f}", f"{per_batch:.1f}"])
     finally:
         server.terminate()
         server.wait(30)
     print_table(f"serve: Multi30k test_2016_flickr, {len(sentences)} sentences, beam 4, fp32 ({machine()})",
-                ["configuration", "clients", "sent/s", "of batch 64", "p50 ms", "p95 ms"], rows)
+                ["configuration", "clients", "sent/s", "of batch 64", "p50 ms", "p95 ms", "sentences per batch"], rows)
     return rows
 
 

@@ -30,6 +30,9 @@ err = Console(stderr=True, soft_wrap=True)  # messages stay one line in logs, wh
 Arch = Enum("Arch", {name: name for name in ("tiny", "small", "base", "big")}, type=str)
 Precision = Enum("Precision", {name: name for name in ("fp32", "bf16", "fp16")}, type=str)
 Device = Enum("Device", {name: name for name in ("cpu", "cuda")}, type=str)
+Engine = Enum("Engine", {name: name for name in ("auto", "nmt", "ctranslate2")}, type=str)
+ENGINE_HELP = ("auto: nmt for a checkpoint, CTranslate2 for an exported folder; ctranslate2 also runs a checkpoint "
+               "(converted in memory, float32).")
 
 
 class OneLineErrors(TyperGroup):
@@ -246,6 +249,7 @@ def train_cmd(
     heads: Annotated[Optional[int], typer.Option(help="Attention heads.")] = None,
     dropout: Annotated[Optional[float], typer.Option(help="Residual and embedding dropout.")] = None,
     attention_dropout: Annotated[Optional[float], typer.Option(help="Dropout on attention weights.")] = None,
+    activation_dropout: Annotated[Optional[float], typer.Option(help="Dropout on the FFN inner layer.")] = None,
     pre_norm: Annotated[Optional[bool], typer.Option("--pre-norm/--post-norm", help="LayerNorm placement.")] = None,
     max_tokens: Annotated[int, typer.Option(help="Tokens per batch (padding counted).")] = 4096,
     update_freq: Annotated[int, typer.Option(help="Batches accumulated per update.")] = 1,
@@ -263,6 +267,8 @@ def train_cmd(
     patience: Annotated[int, typer.Option(help="Stop after N validations without improvement (0: off).")] = 0,
     lr_scale: Annotated[float, typer.Option(help="Factor on the eq. 3 learning rate.")] = 1.0,
     warmup: Annotated[int, typer.Option(help="Warmup updates of eq. 3.")] = 4000,
+    cooldown: Annotated[float, typer.Option(
+        help="Lower the learning rate linearly to 0 over this final share of --max-updates/--max-time.")] = 0.0,
     label_smoothing: Annotated[float, typer.Option(help="Label smoothing epsilon (paper: 0.1).")] = 0.1,
     clip_norm: Annotated[float, typer.Option(help="Clip the gradient norm (0: off).")] = 0.0,
     log_interval: Annotated[int, typer.Option(help="Updates between log lines.")] = 50,
@@ -284,12 +290,13 @@ def train_cmd(
         torch.set_num_threads(threads)
     opts = TrainOptions(
         data=data, save_dir=save_dir, arch=arch.value, layers=layers, d_model=d_model, ffn=ffn, heads=heads,
-        dropout=dropout, attention_dropout=attention_dropout, pre_norm=pre_norm, max_tokens=max_tokens,
+        dropout=dropout, attention_dropout=attention_dropout, activation_dropout=activation_dropout,
+        pre_norm=pre_norm, max_tokens=max_tokens,
         update_freq=update_freq, max_updates=max_updates, max_epochs=max_epochs, max_time=max_time,
         precision=precision.value, seed=seed, device=device.value if device else None,
         save_interval_updates=save_interval_updates, save_interval_minutes=save_interval_minutes,
         keep_last=keep_last, valid_interval=valid_interval, eval_bleu=eval_bleu, patience=patience,
-        lr_scale=lr_scale, warmup=warmup, label_smoothing=label_smoothing,
+        lr_scale=lr_scale, warmup=warmup, cooldown=cooldown, label_smoothing=label_smoothing,
         clip_norm=clip_norm, log_interval=log_interval, init_from=init_from, tensorboard=tensorboard, quiet=quiet)
     summary = train(opts)
     main_process = int(os.environ.get("RANK", "0")) == 0
@@ -439,6 +446,7 @@ def translate_cmd(
     device: Annotated[Optional[Device], typer.Option(help="Default: cuda when available, else cpu.")] = None,
     precision: Annotated[Precision, typer.Option(help="Precision (fp16: CUDA only).")] = Precision.fp32,
     threads: Annotated[int, typer.Option(help="CPU threads of an exported model (0: up to 4).")] = 0,
+    engine: Annotated[Engine, typer.Option(help=ENGINE_HELP)] = Engine.auto,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
 ) -> None:
     """Translate raw text; output is detokenized, one line per input line, in input order."""
@@ -446,7 +454,7 @@ def translate_cmd(
     from .textio import atomic_path, read_lines
 
     translator = load_translator(model, device=device.value if device else None, precision=precision.value,
-                                 threads=threads)
+                                 threads=threads, engine=engine.value)
     options = dict(beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, batch_size=batch_size,
                    max_tokens=max_tokens, greedy=greedy, nbest=nbest)
 
@@ -516,9 +524,11 @@ def serve_cmd(
     device: Annotated[Optional[Device], typer.Option(help="Default: cuda when available, else cpu.")] = None,
     precision: Annotated[Precision, typer.Option(help="Precision (fp16: CUDA only).")] = Precision.fp32,
     threads: Annotated[int, typer.Option(help="CPU threads of an exported model (0: up to 4).")] = 0,
+    engine: Annotated[Engine, typer.Option(help=ENGINE_HELP)] = Engine.auto,
 ) -> None:
     """Serve translations over HTTP: POST /translate {"text": [...], "beam": 4}, GET /health."""
-    from .pipeline import is_exported_model, load_translator
+    from .ct2 import CTranslate2Translator
+    from .pipeline import load_translator
     from .serve import ServeLimits, check_port, serve
 
     for flag, value in (("--max-batch", max_batch), ("--max-queue", max_queue), ("--max-sentences", max_sentences),
@@ -535,11 +545,11 @@ def serve_cmd(
         raise NmtError(f"--max-sentences {max_sentences} exceeds --max-queue {max_queue}: such a request never fits")
     check_port(host, port)
     translator = load_translator(model, device=device.value if device else None, precision=precision.value,
-                                 threads=threads)
+                                 threads=threads, engine=engine.value)
     limits = ServeLimits(max_batch, max_tokens, batch_wait_ms, max_queue, max_sentences, max_chars)
-    engine = "ctranslate2" if is_exported_model(model[0]) else "nmt"
-    serve(translator, host, port, limits, engine, on_ready=lambda: err.print(
-        f"serving {model[0]} ({engine}) on http://{host}:{port} (POST /translate, GET /health)", markup=False,
+    runs_on = "ctranslate2" if isinstance(translator, CTranslate2Translator) else "nmt"
+    serve(translator, host, port, limits, runs_on, on_ready=lambda: err.print(
+        f"serving {model[0]} ({runs_on}) on http://{host}:{port} (POST /translate, GET /health)", markup=False,
         highlight=False))
 
 

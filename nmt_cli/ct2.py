@@ -169,6 +169,14 @@ class CTranslate2Translator(TextTranslator):
                                             intra_threads=threads or min(4, os.cpu_count() or 1))
         return cls(translator, Vocabulary(symbols), codes, meta)
 
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, device: str | None = None, threads: int = 0) -> CTranslate2Translator:
+        """Run an nmt checkpoint with CTranslate2: exported (float32) to a temporary folder, loaded, removed."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="nmt-ct2-") as tmp:
+            return cls.from_dir(export_ctranslate2(path, Path(tmp) / "model"), device=device, threads=threads)
+
     def search(self, sources: list[list[int]], beam: int, lenpen: float, max_len_a: float, max_len_b: int,
                greedy: bool, nbest: int) -> list[list[Hyp]]:
         # nmt's length limit is per sentence; CTranslate2's is per call, so sentences sharing a limit go together

@@ -28,6 +28,7 @@ class ModelConfig:
     heads: int = 8
     dropout: float = 0.1
     attention_dropout: float = 0.0
+    activation_dropout: float = 0.0  # on the FFN's inner ReLU output (fairseq's --activation-dropout)
     pre_norm: bool = False
     max_positions: int = 1024
     pad: int = 0
@@ -152,12 +153,13 @@ class MultiHeadAttention(nn.Module):
 class PositionwiseFeedForward(nn.Module):
     """FFN(x) = max(0, x W1 + b1) W2 + b2 (eq. 2)."""
 
-    def __init__(self, d_model: int, ffn: int) -> None:
+    def __init__(self, d_model: int, ffn: int, activation_dropout: float = 0.0) -> None:
         super().__init__()
         self.w1, self.w2 = nn.Linear(d_model, ffn), nn.Linear(ffn, d_model)
+        self.activation_dropout = activation_dropout
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w2(F.relu(self.w1(x)))
+        return self.w2(dropout(F.relu(self.w1(x)), self.activation_dropout, self.training))
 
 
 class SublayerConnection(nn.Module):
@@ -179,7 +181,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, c: ModelConfig) -> None:
         super().__init__()
         self.self_attn = MultiHeadAttention(c.d_model, c.heads, c.attention_dropout)
-        self.feed_forward = PositionwiseFeedForward(c.d_model, c.ffn)
+        self.feed_forward = PositionwiseFeedForward(c.d_model, c.ffn, c.activation_dropout)
         self.sublayer = nn.ModuleList(SublayerConnection(c.d_model, c.dropout, c.pre_norm) for _ in range(2))
 
     def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
@@ -244,7 +246,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = MultiHeadAttention(c.d_model, c.heads, c.attention_dropout)
         self.cross_attn = MultiHeadAttention(c.d_model, c.heads, c.attention_dropout)
-        self.feed_forward = PositionwiseFeedForward(c.d_model, c.ffn)
+        self.feed_forward = PositionwiseFeedForward(c.d_model, c.ffn, c.activation_dropout)
         self.sublayer = nn.ModuleList(SublayerConnection(c.d_model, c.dropout, c.pre_norm) for _ in range(3))
 
     def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], src_mask: Tensor, cache: KVCache | None = None,

@@ -126,22 +126,37 @@ def is_exported_model(path: str | Path) -> bool:
     return Path(path).is_dir() and (Path(path) / "model.bin").is_file()
 
 
+ENGINES = ("auto", "nmt", "ctranslate2")
+
+
 def load_translator(paths: Sequence[str | Path], device: str | None = None, precision: str = "fp32",
-                    threads: int = 0) -> TextTranslator:
-    """A translator for nmt checkpoints (several: an ensemble) or one exported CTranslate2 folder."""
+                    threads: int = 0, engine: str = "auto") -> TextTranslator:
+    """A translator for nmt checkpoints (several: an ensemble) or one exported CTranslate2 folder.
+
+    engine "auto" runs a checkpoint with nmt and a folder with CTranslate2; "ctranslate2" also runs a
+    checkpoint with CTranslate2 (converted in memory, float32); "nmt" refuses a folder."""
     paths = list(paths)
+    if engine not in ENGINES:
+        raise NmtError(f"unknown --engine {engine!r} (choose from {', '.join(ENGINES)})")
     exported = [p for p in paths if is_exported_model(p)]
-    if exported:
+    for path in paths:
+        if Path(path).is_dir() and path not in exported:
+            raise NmtError(f"{path}: a folder without model.bin; give a checkpoint (.pt) or an `nmt export` folder")
+    if exported and engine == "nmt":
+        raise NmtError(f"{exported[0]}: an exported CTranslate2 folder; --engine nmt needs the checkpoint (.pt) "
+                       "it was exported from")
+    if exported or engine == "ctranslate2":
         if len(paths) > 1:
-            raise NmtError(f"{exported[0]}: an exported model cannot be part of an ensemble; give it alone")
+            raise NmtError(f"{paths[0]}: CTranslate2 runs one model, not an ensemble; give it alone "
+                           "(or use --engine nmt)")
         if precision != "fp32":
-            raise NmtError(f"--precision {precision}: an exported model computes in the type it was exported with "
+            raise NmtError(f"--precision {precision}: CTranslate2 computes in the type the model was exported with "
                            "(nmt export ctranslate2 --quantization)")
         from .ct2 import CTranslate2Translator
 
-        return CTranslate2Translator.from_dir(paths[0], device=device, threads=threads)
-    if len(paths) == 1 and Path(paths[0]).is_dir():
-        raise NmtError(f"{paths[0]}: a folder without model.bin; give a checkpoint (.pt) or an `nmt export` folder")
+        if exported:
+            return CTranslate2Translator.from_dir(paths[0], device=device, threads=threads)
+        return CTranslate2Translator.from_checkpoint(paths[0], device=device, threads=threads)
     from .translate import Translator
 
     return Translator.from_checkpoint(paths, device=device, precision=precision)

@@ -38,6 +38,7 @@ from .textio import remove_temporaries
 from .update import (  # noqa: F401  (re-exported: nmt_cli.train is where callers look for the update)
     TranslationLoss,
     autocast_context,
+    cooldown_factor,
     inverse_sqrt_lr,
     train_step,
     valid_bleu,
@@ -58,6 +59,7 @@ class TrainOptions:
     heads: int | None = None
     dropout: float | None = None
     attention_dropout: float | None = None
+    activation_dropout: float | None = None
     pre_norm: bool | None = None
     max_tokens: int = 4096
     update_freq: int = 1
@@ -75,6 +77,7 @@ class TrainOptions:
     patience: int = 0
     lr_scale: float = 1.0
     warmup: int = 4000
+    cooldown: float = 0.0  # final share of the budget (--max-updates or --max-time) over which the lr falls to 0
     label_smoothing: float = 0.1
     clip_norm: float = 0.0
     log_interval: int = 50
@@ -124,6 +127,7 @@ def check_options(opts: TrainOptions) -> None:
         ("--patience", opts.patience, opts.patience >= 0, "0 (off) or more"),
         ("--lr-scale", opts.lr_scale, opts.lr_scale > 0, "positive"),
         ("--warmup", opts.warmup, opts.warmup >= 1, "at least 1"),
+        ("--cooldown", opts.cooldown, 0 <= opts.cooldown < 1, "in [0, 1)"),
         ("--label-smoothing", opts.label_smoothing, 0 <= opts.label_smoothing < 1, "in [0, 1)"),
         ("--clip-norm", opts.clip_norm, opts.clip_norm >= 0, "0 (off) or more"),
         ("--log-interval", opts.log_interval, opts.log_interval >= 1, "at least 1"),
@@ -132,13 +136,15 @@ def check_options(opts: TrainOptions) -> None:
         value = getattr(opts, name)
         if value is not None:
             checks.append((f"--{name.replace('_', '-')}", value, value >= 1, "at least 1"))
-    for name in ("dropout", "attention_dropout"):
+    for name in ("dropout", "attention_dropout", "activation_dropout"):
         value = getattr(opts, name)
         if value is not None:
             checks.append((f"--{name.replace('_', '-')}", value, 0 <= value < 1, "in [0, 1)"))
     for flag, value, ok, wanted in checks:
         if not ok or (isinstance(value, float) and not math.isfinite(value)):
             raise NmtError(f"{flag} must be {wanted} (got {value})")
+    if opts.cooldown and not (opts.max_updates or opts.max_time):
+        raise NmtError("--cooldown needs a budget to end at: --max-updates or --max-time")
 
 
 def check_lengths(data: DataDir, splits: dict, config: ModelConfig) -> None:
@@ -163,13 +169,15 @@ class Trainer:
         self.data = data = DataDir.open(opts.data)
         initial = self.initial_model(data) if opts.init_from is not None else None
         if initial is not None:  # the model's own architecture; only the dropout rates may change
-            changes = {k: v for k, v in (("dropout", opts.dropout), ("attention_dropout", opts.attention_dropout))
-                       if v is not None}
+            rates = {"dropout": opts.dropout, "attention_dropout": opts.attention_dropout,
+                     "activation_dropout": opts.activation_dropout}
+            changes = {k: v for k, v in rates.items() if v is not None}
             config = replace(ModelConfig.from_dict(initial["config"]), **changes)
         else:
             config = make_config(opts.arch, len(data.vocab), pad=data.vocab.pad, layers=opts.layers,
                                  d_model=opts.d_model, ffn=opts.ffn, heads=opts.heads, dropout=opts.dropout,
-                                 attention_dropout=opts.attention_dropout, pre_norm=opts.pre_norm)
+                                 attention_dropout=opts.attention_dropout,
+                                 activation_dropout=opts.activation_dropout, pre_norm=opts.pre_norm)
         self.config = config
         self.save_dir = Path(opts.save_dir)
         if self.save_dir.exists() and not self.save_dir.is_dir():
@@ -307,6 +315,7 @@ class Trainer:
         """One update and its bookkeeping; returns the stop reason, if any."""
         opts, state = self.opts, self.state
         lr = inverse_sqrt_lr(state.updates + 1, self.config.d_model, opts.warmup, opts.lr_scale)
+        lr *= cooldown_factor(self.budget_used(), opts.cooldown)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         loss, global_tokens = train_step(self.runner, self.model, micro, self.optimizer, self.scaler, opts,
@@ -333,14 +342,28 @@ class Trainer:
         self.bar.update(self.task, completed=state.updates)
         return self.validate_and_save(end_of_epoch, skipped, save_due, reason)
 
+    def budget_used(self) -> float:
+        """The share of the training budget spent so far: the larger of updates / --max-updates and
+        elapsed / --max-time (0 when neither is set)."""
+        opts, state = self.opts, self.state
+        shares = [0.0]
+        if opts.max_updates:
+            shares.append(state.updates / opts.max_updates)
+        if opts.max_time:
+            shares.append(state.elapsed / (opts.max_time * 60))
+        return max(shares)
+
     def shared_flags(self, now: float) -> tuple[bool, bool, str | None]:
         """Time limit reached, minute interval due, stop signal received: decided alike by every process."""
         opts = self.opts
         signal_code = {"SIGTERM": 1.0, "SIGINT": 2.0}.get(self.stops.requested or "", 0.0)
         save_due = opts.save_interval_minutes > 0 and now - self.last_interval_save >= opts.save_interval_minutes * 60
-        flags = [float(opts.max_time > 0 and self.state.elapsed >= opts.max_time * 60), float(save_due), signal_code]
+        flags = [float(opts.max_time > 0 and self.state.elapsed >= opts.max_time * 60), float(save_due), signal_code,
+                 self.state.elapsed]
         if self.ctx.enabled:
             flags = D.all_reduce(flags, self.ctx, self.device, op="max")
+            # every process uses the same clock, so a time-based --cooldown gives them the same learning rate
+            self.state.elapsed = flags[3]
         signalled = {1.0: "SIGTERM", 2.0: "SIGINT"}.get(flags[2])
         return flags[0] > 0, flags[1] > 0, signalled
 

@@ -26,6 +26,14 @@ def inverse_sqrt_lr(step: int, d_model: int, warmup: int, scale: float = 1.0) ->
     return scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
+def cooldown_factor(budget_used: float, cooldown: float) -> float:
+    """The factor on the learning rate that falls linearly from 1 to 0 over the final `cooldown` share of
+    the training budget (the trapezoidal schedule's cool-down); 1 before it, and always 1 when cooldown is 0."""
+    if cooldown <= 0:
+        return 1.0
+    return min(1.0, max(0.0, (1.0 - budget_used) / cooldown))
+
+
 class TranslationLoss(nn.Module):
     """The model plus its training criterion, so DDP sees one forward: label-smoothed cross-entropy, summed."""
 

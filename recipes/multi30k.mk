@@ -17,6 +17,9 @@ PRECISION      ?= bf16
 MAX_TOKENS     ?= 4096
 LR_SCALE       ?= 0.5
 WARMUP         ?= 1000
+COOLDOWN       ?= 0.3
+ATTENTION_DROPOUT  ?= 0.1
+ACTIVATION_DROPOUT ?= 0.1
 TRAIN_MINUTES  ?= 60
 AVERAGE_WINDOWS ?= 3 5 8 10
 KEEP_LAST      ?= 10
@@ -57,6 +60,8 @@ $(EXP)/data/meta.json: $(M30K_RAW)/.done
 $(EXP)/ckpt/.done: $(EXP)/data/meta.json
 	$(NMT) train $(EXP)/data --save-dir $(EXP)/ckpt --arch $(ARCH) --precision $(PRECISION) \
 	  --max-tokens $(MAX_TOKENS) --lr-scale $(LR_SCALE) --warmup $(WARMUP) --max-time $(TRAIN_MINUTES) \
+	  --cooldown $(COOLDOWN) --attention-dropout $(ATTENTION_DROPOUT) \
+	  --activation-dropout $(ACTIVATION_DROPOUT) \
 	  --keep-last $(KEEP_LAST) --seed 1 --device cpu $(TRAIN_FLAGS)
 	@touch $@
 

@@ -6,6 +6,7 @@ import errno
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 from nmt_cli import text
 from nmt_cli.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from nmt_cli.model import Transformer
+from nmt_cli.pipeline import load_translator
 from nmt_cli.translate import Translator
 
 from .conftest import expect_error, require_extra, run_cli
@@ -90,6 +92,18 @@ def test_int8_export_stays_close_to_fp32(exported, val):
     assert abs(sacrebleu.corpus_bleu(int8, [val[1]]).score - sacrebleu.corpus_bleu(fp32, [val[1]]).score) <= 1.0
 
 
+def test_engine_ctranslate2_runs_a_checkpoint_like_its_export(multi30k_tiny, exported, val, tmp_path):
+    """--engine ctranslate2 on a checkpoint: converted in memory, nothing left on disk, the export's output."""
+    before = set(Path(tempfile.gettempdir()).glob("nmt-ct2-*"))
+    ct = load_translator([multi30k_tiny[0]], engine="ctranslate2")
+    assert isinstance(ct, CTranslate2Translator)
+    assert set(Path(tempfile.gettempdir()).glob("nmt-ct2-*")) == before  # the temporary export is gone
+    from_folder = CTranslate2Translator.from_dir(exported["float32"])
+    assert ct.translate(val[0][:40], beam=4) == from_folder.translate(val[0][:40], beam=4)
+    assert isinstance(load_translator([multi30k_tiny[0]], engine="nmt"), Translator)
+    assert isinstance(load_translator([exported["float32"]]), CTranslate2Translator)
+
+
 def test_exported_folder_is_self_contained(multi30k_tiny, exported):
     folder = exported["float32"]
     meta = json.loads((folder / "nmt.json").read_text())
@@ -126,6 +140,9 @@ def test_export_bad_input(multi30k_tiny, tmp_path, monkeypatch):
     expect_error(run_cli("translate", "-m", tmp_path / "empty", "-i", model), "without model.bin")
     folder = export_ctranslate2(model, tmp_path / "ok")
     expect_error(run_cli("translate", "-m", folder, "-m", model), "ensemble")
+    expect_error(run_cli("translate", "-m", model, "-m", model, "--engine", "ctranslate2"), "ensemble")
+    expect_error(run_cli("translate", "-m", folder, "--engine", "nmt"), "exported CTranslate2 folder", "checkpoint")
+    expect_error(run_cli("translate", "-m", model, "--engine", "ct3"), "--engine", "ct3")
     expect_error(run_cli("translate", "-m", folder, "--precision", "bf16"), "--quantization")
     (folder / "nmt.json").write_text("{", encoding="utf-8")
     expect_error(run_cli("translate", "-m", folder), "nmt.json")

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from nmt_cli import ops
 from nmt_cli.model import Transformer, explicit_attention, make_config, sinusoidal_positions
 from nmt_cli.ops import dropout, linear_cross_entropy, linear_log_softmax_topk
-from nmt_cli.train import inverse_sqrt_lr
+from nmt_cli.train import cooldown_factor, inverse_sqrt_lr
 
 
 def _model(pre_norm: bool = False, vocab: int = 40) -> Transformer:
@@ -88,6 +88,40 @@ def test_learning_rate_follows_equation_3():
     # peak at the end of warmup, then decay as step^-0.5
     assert inverse_sqrt_lr(4000, d, warmup) > inverse_sqrt_lr(3000, d, warmup)
     assert inverse_sqrt_lr(16000, d, warmup) == pytest.approx(inverse_sqrt_lr(4000, d, warmup) / 2)
+
+
+def test_cooldown_falls_linearly_to_zero_over_the_final_share():
+    assert [cooldown_factor(used, 0.25) for used in (0.0, 0.5, 0.75)] == [1.0, 1.0, 1.0]
+    assert cooldown_factor(0.875, 0.25) == pytest.approx(0.5)
+    assert cooldown_factor(1.0, 0.25) == 0.0 and cooldown_factor(1.2, 0.25) == 0.0  # a budget overrun stays at 0
+    assert cooldown_factor(0.99, 0.0) == 1.0  # off
+
+
+def test_activation_dropout_acts_in_training_only():
+    torch.manual_seed(0)
+    plain = Transformer(make_config("tiny", 40))
+    config = make_config("tiny", 40, dropout=0.0, activation_dropout=0.5)
+    with_dropout = Transformer(config)
+    with_dropout.load_state_dict(plain.state_dict())  # the rate adds no weights
+    plain.eval(), with_dropout.eval()
+    src = torch.randint(4, 40, (2, 7))
+    prev = torch.randint(4, 40, (2, 5))
+
+    def hidden(model):
+        return model.decode(prev, *model.encode(src))
+
+    torch.testing.assert_close(hidden(with_dropout), hidden(plain), atol=0, rtol=0)
+    ffn = with_dropout.encoder[0].feed_forward
+    x = torch.randn(3, 64)
+    ffn.train()
+    inner = []
+    handle = ffn.w2.register_forward_pre_hook(lambda module, args: inner.append(args[0]))
+    ffn(x)
+    handle.remove()
+    relu = F.relu(ffn.w1(x))
+    kept = inner[0] != 0
+    assert 0.3 < 1 - kept[relu > 0].float().mean() < 0.7  # about half the active units dropped
+    torch.testing.assert_close(inner[0][kept], 2 * relu[kept])
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])

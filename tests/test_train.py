@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from nmt_cli.checkpoint import load_checkpoint, save_checkpoint
-from nmt_cli.train import TrainOptions, train
+from nmt_cli.train import TrainOptions, inverse_sqrt_lr, train
 from nmt_cli.translate import Translator
 
 from .conftest import expect_error, run_cli
@@ -61,12 +61,13 @@ def test_two_processes_equal_one_with_update_freq_2(toy_data, tmp_path):
     """torchrun --nproc_per_node 2 (gloo) == one process with --update-freq 2, on the same batches."""
     single = tmp_path / "single"
     train(_opts(toy_data, single, max_updates=4, dropout=0.0, update_freq=2, max_tokens=256,
-                save_interval_updates=2))
+                save_interval_updates=2, cooldown=0.5))
     ddp = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "nmt_cli",
            "train", str(toy_data), "--save-dir", str(ddp), "--arch", "tiny", "--max-tokens", "256", "--warmup", "50",
-           "--device", "cpu", "--quiet", "--seed", "7", "--max-updates", "4", "--dropout", "0"]
+           "--device", "cpu", "--quiet", "--seed", "7", "--max-updates", "4", "--dropout", "0",
+           "--cooldown", "0.5"]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     a, b = _params(single / "checkpoint_last.pt"), _params(ddp / "checkpoint_last.pt")
@@ -82,6 +83,18 @@ def test_two_processes_equal_one_with_update_freq_2(toy_data, tmp_path):
     assert any(not torch.equal(fresh[n], a[n]) for n in a)  # training moved the weights
     log = [json.loads(x) for x in (ddp / "train.jsonl").read_text().splitlines()]
     assert log[0]["world_size"] == 2
+
+
+def test_cooldown_lowers_the_learning_rate_to_zero_at_the_budget(toy_data, tmp_path):
+    """--cooldown 0.5 of --max-updates 20: eq. 3 for updates 1-11, then linearly down to 1/10 of it at update 20."""
+    train(_opts(toy_data, tmp_path / "cd", max_updates=20, cooldown=0.5, log_interval=1))
+    log = [json.loads(x) for x in (tmp_path / "cd" / "train.jsonl").read_text().splitlines()]
+    lrs = {r["update"]: r["lr"] for r in log if r["event"] == "train"}
+    assert sorted(lrs) == list(range(1, 21))
+    for update, lr in lrs.items():
+        factor = min(1.0, (1 - (update - 1) / 20) / 0.5)  # the share used before this update
+        assert lr == pytest.approx(inverse_sqrt_lr(update, 64, 50) * factor), update
+    assert lrs[20] == pytest.approx(0.1 * inverse_sqrt_lr(20, 64, 50))
 
 
 def test_bf16_trains(toy_data, tmp_path):
@@ -100,6 +113,10 @@ def test_bad_training_input(toy_data, tmp_path):
     if not torch.cuda.is_available():
         expect_error(run_cli(*args[:-2], "--device", "cuda"), "--device cuda", "no CUDA")
     expect_error(run_cli("train", tmp_path / "missing", "--save-dir", save), "no such data directory")
+    expect_error(run_cli(*args, "--cooldown", "1.5"), "--cooldown must be in [0, 1)")
+    expect_error(run_cli(*args, "--activation-dropout", "1"), "--activation-dropout must be in [0, 1)")
+    expect_error(run_cli("train", toy_data, "--save-dir", save, "--arch", "tiny", "--cooldown", "0.2"),
+                 "--cooldown needs a budget", "--max-updates or --max-time")
     assert run_cli(*args).exit_code == 0
     blob = (save / "checkpoint_last.pt").read_bytes()
     expect_error(run_cli(*args, "--d-model", "32"), "architecture differs", "d_model 64 vs 32")
