@@ -7,6 +7,7 @@ The matmul bound is the speed of updates that were only their matrix products, e
 on this machine (`matmul_bound`); the share says how close training comes to it.
 
     python benchmarks/train.py [--archs small,base] [--precisions fp32,bf16] [--repeats 3]
+                               [--attention-dropout P] [--activation-dropout P]   # the multi30k recipe: 0.1 0.1
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ COLUMNS = ["model", "precision", "params", "timed updates", "tgt tok/s (median)"
 UPDATES = {"small": (10, 100), "base": (3, 20), "tiny": (10, 100), "big": (2, 8)}  # (warm-up, timed)
 
 
-def worker(data_dir: str, arch: str, precision: str, save_dir: str) -> None:
+def worker(data_dir: str, arch: str, precision: str, save_dir: str, dropouts: str = "0,0") -> None:
     """Run inside the child: train warm-up + timed updates, print tokens/s and peak RSS as JSON.
 
     Every update is logged, and tokens/s is the timed updates' target tokens over their wall-clock time
@@ -37,9 +38,11 @@ def worker(data_dir: str, arch: str, precision: str, save_dir: str) -> None:
     from nmt_cli.train import TrainOptions, train
 
     warm, timed = UPDATES[arch]
+    attention_dropout, activation_dropout = (float(p) for p in dropouts.split(","))
     train(TrainOptions(data=Path(data_dir), save_dir=Path(save_dir), arch=arch, precision=precision,
                        max_tokens=4096, max_updates=warm + timed, log_interval=1, warmup=4000, device="cpu",
-                       quiet=True, keep_last=1))
+                       quiet=True, keep_last=1, attention_dropout=attention_dropout,
+                       activation_dropout=activation_dropout))
     records = [json.loads(x) for x in (Path(save_dir) / "train.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["event"] == "train"]
     timed_steps = steps[warm:]
@@ -93,7 +96,9 @@ def main() -> list[list]:
     parser.add_argument("--archs", default="small,base")
     parser.add_argument("--precisions", default="fp32,bf16")
     parser.add_argument("--repeats", type=int, default=1, help="runs per configuration (median and spread)")
-    parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--attention-dropout", type=float, default=0.0)
+    parser.add_argument("--activation-dropout", type=float, default=0.0)
+    parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(*args.worker)
@@ -110,8 +115,9 @@ def main() -> list[list]:
                 runs = []
                 for repeat in range(args.repeats):
                     save = Path(tmp) / f"{arch}-{precision}-{repeat}"
+                    dropouts = f"{args.attention_dropout},{args.activation_dropout}"
                     out = subprocess.run([sys.executable, __file__, "--worker", str(prepared), arch, precision,
-                                          str(save)], check=True, capture_output=True, text=True).stdout
+                                          str(save), dropouts], check=True, capture_output=True, text=True).stdout
                     runs.append(json.loads(out.strip().splitlines()[-1]))
                 speeds = sorted(r["tok_s"] for r in runs)
                 bound = statistics.median(r["bound_tok_s"] for r in runs)
@@ -120,8 +126,10 @@ def main() -> list[list]:
                              max(r["peak_mb"] for r in runs), bound,
                              f"{100 * statistics.median(speeds) / bound:.0f}%"])
                 print_table("(partial)", COLUMNS, rows[-1:])
-    print_table(f"train: Multi30k en-de, max-tokens 4096, CPU, {args.repeats} run(s) each ({machine()})", COLUMNS,
-                rows)
+    extra = (f", attention/activation dropout {args.attention_dropout}/{args.activation_dropout}"
+             if args.attention_dropout or args.activation_dropout else "")
+    print_table(f"train: Multi30k en-de, max-tokens 4096, CPU, {args.repeats} run(s) each{extra} ({machine()})",
+                COLUMNS, rows)
     return rows
 
 

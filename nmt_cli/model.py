@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .errors import NmtError
-from .ops import dropout
+from .ops import dropout, relu_dropout
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ class PositionwiseFeedForward(nn.Module):
         self.activation_dropout = activation_dropout
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w2(dropout(F.relu(self.w1(x)), self.activation_dropout, self.training))
+        return self.w2(relu_dropout(self.w1(x), self.activation_dropout, self.training))
 
 
 class SublayerConnection(nn.Module):

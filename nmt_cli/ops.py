@@ -15,25 +15,56 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def dropout(x: Tensor, p: float, training: bool) -> Tensor:
-    """Inverted dropout (Srivastava et al., 2014) with a cheaper mask than F.dropout.
+def _keep_mask(x: Tensor, p: float) -> tuple[Tensor, float]:
+    """A boolean keep mask shaped like x (P(keep) = 1 - p rounded to a multiple of 1/65536) and the scale
+    1 / P(keep) of the survivors. The mask comes from 16-bit slices of 64-bit random integers, a quarter of
+    the random draws `bernoulli_` makes."""
+    dropped = round(p * 65536)
+    n = x.numel()
+    bits = torch.randint(torch.iinfo(torch.int64).min, torch.iinfo(torch.int64).max, ((n + 3) // 4,),
+                         dtype=torch.int64, device=x.device).view(torch.int16)[:n].view(x.shape)
+    return bits >= dropped - 32768, 65536.0 / (65536 - dropped)
 
-    The keep mask comes from 16-bit slices of 64-bit random integers, a quarter of the random draws
-    `bernoulli_` makes; the drop rate is p rounded to a multiple of 1/65536, and the survivors are
-    scaled by exactly 1 / (1 - that rate), so the expectation is unchanged.
-    """
+
+def dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    """Inverted dropout (Srivastava et al., 2014) with a cheaper mask than F.dropout (see `_keep_mask`); the
+    survivors are scaled by exactly 1 / P(keep), so the expectation is unchanged."""
     if not training or p <= 0.0:
         return x
     if x.device.type != "cpu":  # GPUs: PyTorch's fused dropout kernel (one pass, mask from Philox) is faster
         return F.dropout(x, p, training=True)
     if p >= 1.0:
         return x * 0.0
-    n = x.numel()
-    dropped = round(p * 65536)
-    bits = torch.randint(torch.iinfo(torch.int64).min, torch.iinfo(torch.int64).max, ((n + 3) // 4,),
-                         dtype=torch.int64, device=x.device).view(torch.int16)[:n].view(x.shape)
-    keep = bits >= dropped - 32768  # P(keep) = 1 - dropped / 65536
-    return x * (keep.to(x.dtype) * (65536.0 / (65536 - dropped)))
+    keep, scale = _keep_mask(x, p)
+    return x * (keep.to(x.dtype) * scale)
+
+
+class _ReluDropout(torch.autograd.Function):
+    """dropout(relu(x)) that keeps only its output for the backward pass: the output is positive exactly
+    where the gradient flows (x > 0 and kept), and the next linear layer saves that output anyway."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, p: float) -> Tensor:
+        keep, scale = _keep_mask(x, p)
+        out = torch.relu(x) * (keep.to(x.dtype) * scale)
+        ctx.save_for_backward(out)
+        ctx.scale = float(torch.tensor(scale, dtype=x.dtype))  # the scale the forward multiplied by, as rounded
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        (out,) = ctx.saved_tensors
+        return torch.ops.aten.threshold_backward(grad * ctx.scale, out, 0), None  # relu's own backward kernel
+
+
+def relu_dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    """dropout(relu(x), p): the feed-forward sublayer's activation dropout. On CPU it holds no more memory for
+    the backward pass than relu alone (`_ReluDropout`); it draws the same mask `dropout` would."""
+    if not training or p <= 0.0:
+        return F.relu(x)
+    if x.device.type != "cpu" or p >= 1.0:
+        return dropout(F.relu(x), p, training)
+    return _ReluDropout.apply(x, p)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from nmt_cli import ops
 from nmt_cli.model import Transformer, explicit_attention, make_config, sinusoidal_positions
-from nmt_cli.ops import dropout, linear_cross_entropy, linear_log_softmax_topk
+from nmt_cli.ops import dropout, linear_cross_entropy, linear_log_softmax_topk, relu_dropout
 from nmt_cli.train import cooldown_factor, inverse_sqrt_lr
 
 
@@ -122,6 +122,24 @@ def test_activation_dropout_acts_in_training_only():
     kept = inner[0] != 0
     assert 0.3 < 1 - kept[relu > 0].float().mean() < 0.7  # about half the active units dropped
     torch.testing.assert_close(inner[0][kept], 2 * relu[kept])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_relu_dropout_equals_dropout_of_relu(dtype):
+    """Same mask, same output, same gradient as dropout(relu(x)), but only the output is kept for backward."""
+    x = torch.randn(64, 48).to(dtype)
+    grad = torch.randn(64, 48).to(dtype)
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    torch.manual_seed(3)
+    fused = relu_dropout(a, 0.25, training=True)
+    torch.manual_seed(3)
+    reference = dropout(F.relu(b), 0.25, training=True)
+    assert torch.equal(fused, reference)
+    assert [t.data_ptr() for t in fused.grad_fn.saved_tensors] == [fused.data_ptr()]
+    fused.backward(grad)
+    reference.backward(grad)
+    assert torch.equal(a.grad, b.grad)
+    assert torch.equal(relu_dropout(x, 0.25, training=False), F.relu(x))
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
