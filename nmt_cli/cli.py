@@ -32,7 +32,7 @@ Precision = Enum("Precision", {name: name for name in ("fp32", "bf16", "fp16")},
 Device = Enum("Device", {name: name for name in ("cpu", "cuda")}, type=str)
 Engine = Enum("Engine", {name: name for name in ("auto", "nmt", "ctranslate2")}, type=str)
 ENGINE_HELP = ("auto: nmt for a checkpoint, CTranslate2 for an exported folder; ctranslate2 also runs a checkpoint "
-               "(converted in memory, float32).")
+               "(exported, float32, to a temporary folder at start-up).")
 
 
 class OneLineErrors(TyperGroup):

@@ -134,7 +134,7 @@ def load_translator(paths: Sequence[str | Path], device: str | None = None, prec
     """A translator for nmt checkpoints (several: an ensemble) or one exported CTranslate2 folder.
 
     engine "auto" runs a checkpoint with nmt and a folder with CTranslate2; "ctranslate2" also runs a
-    checkpoint with CTranslate2 (converted in memory, float32); "nmt" refuses a folder."""
+    checkpoint with CTranslate2 (exported, float32, to a temporary folder); "nmt" refuses a folder."""
     paths = list(paths)
     if engine not in ENGINES:
         raise NmtError(f"unknown --engine {engine!r} (choose from {', '.join(ENGINES)})")

@@ -93,7 +93,7 @@ def test_int8_export_stays_close_to_fp32(exported, val):
 
 
 def test_engine_ctranslate2_runs_a_checkpoint_like_its_export(multi30k_tiny, exported, val, tmp_path):
-    """--engine ctranslate2 on a checkpoint: converted in memory, nothing left on disk, the export's output."""
+    """--engine ctranslate2 on a checkpoint: exported to a temporary folder (removed), the export's output."""
     before = set(Path(tempfile.gettempdir()).glob("nmt-ct2-*"))
     ct = load_translator([multi30k_tiny[0]], engine="ctranslate2")
     assert isinstance(ct, CTranslate2Translator)
