@@ -147,8 +147,8 @@ def load_translator(paths: Sequence[str | Path], device: str | None = None, prec
                        "it was exported from")
     if exported or engine == "ctranslate2":
         if len(paths) > 1:
-            raise NmtError(f"{paths[0]}: CTranslate2 runs one model, not an ensemble; give it alone "
-                           "(or use --engine nmt)")
+            hint = "" if exported else " (or use --engine nmt)"  # --engine nmt cannot run an exported folder
+            raise NmtError(f"{paths[0]}: CTranslate2 runs one model, not an ensemble; give it alone{hint}")
         if precision != "fp32":
             raise NmtError(f"--precision {precision}: CTranslate2 computes in the type the model was exported with "
                            "(nmt export ctranslate2 --quantization)")

@@ -139,8 +139,11 @@ def test_export_bad_input(multi30k_tiny, tmp_path, monkeypatch):
     (tmp_path / "empty").mkdir()
     expect_error(run_cli("translate", "-m", tmp_path / "empty", "-i", model), "without model.bin")
     folder = export_ctranslate2(model, tmp_path / "ok")
-    expect_error(run_cli("translate", "-m", folder, "-m", model), "ensemble")
-    expect_error(run_cli("translate", "-m", model, "-m", model, "--engine", "ctranslate2"), "ensemble")
+    folder_in_ensemble = run_cli("translate", "-m", folder, "-m", model)
+    expect_error(folder_in_ensemble, "ensemble")
+    assert "--engine nmt" not in folder_in_ensemble.stderr  # nmt's engine cannot run the folder either
+    expect_error(run_cli("translate", "-m", model, "-m", model, "--engine", "ctranslate2"), "ensemble",
+                 "--engine nmt")
     expect_error(run_cli("translate", "-m", folder, "--engine", "nmt"), "exported CTranslate2 folder", "checkpoint")
     expect_error(run_cli("translate", "-m", model, "--engine", "ct3"), "--engine", "ct3")
     expect_error(run_cli("translate", "-m", folder, "--precision", "bf16"), "--quantization")
