@@ -1,6 +1,8 @@
 """`nmt serve` under load: throughput (sentences/s) and p50/p95 latency when 1, 8 and 32 concurrent clients
 each send single sentences of Multi30k test_2016_flickr, against the batch-64 throughput of the same
 translator in one process (what `nmt translate` does with a file). Beam 4, fp32, the `small` model.
+Also the server's own view (from /health): sentences per batch, the share of the time its translator thread
+was busy, and its sentences/s while busy.
 
     python benchmarks/serve.py [--model exp/multi30k/model.pt] [--clients 1,8,32] [--sentences 500]
 """
@@ -123,25 +125,29 @@ def main() -> list[list]:
         for s in sentences[:64]:
             _post(port, s)  # warm-up
         assert _post(port, sentences[0]) == expected[:1]
-        rows = [["nmt translate, batch 64 (one process, no HTTP)", "-", f"{batch64:.1f}", "100%", "-", "-", "64"],
+        rows = [["nmt translate, batch 64 (one process, no HTTP)", "-", f"{batch64:.1f}", "100%", "-", "-", "64",
+                 "-", "-"],
                 ["translate() on each 32 sentences in arrival order (no HTTP)", "-", f"{arrival32:.1f}",
-                 f"{100 * arrival32 / batch64:.0f}%", "-", "-", "32"]]
+                 f"{100 * arrival32 / batch64:.0f}%", "-", "-", "32", "-", "-"]]
         for clients in [int(c) for c in args.clients.split(",")]:
             before = _health(port)
             seconds, latencies = _load(port, sentences, clients)
             after = _health(port)
             rate = len(sentences) / seconds
             q = statistics.quantiles(latencies, n=20)
-            per_batch = ((after["translated_sentences"] - before["translated_sentences"])
-                         / max(after["batches"] - before["batches"], 1))
+            translated = after["translated_sentences"] - before["translated_sentences"]
+            per_batch = translated / max(after["batches"] - before["batches"], 1)
+            busy = after["translate_seconds"] - before["translate_seconds"]
             rows.append([f"nmt serve, {clients} client(s), 1 sentence per request", clients, f"{rate:.1f}",
                          f"{100 * rate / batch64:.0f}%", f"{1000 * statistics.median(latencies):.0f}",
-                         f"{1000 * q[18]:.0f}", f"{per_batch:.1f}"])
+                         f"{1000 * q[18]:.0f}", f"{per_batch:.1f}", f"{100 * busy / seconds:.0f}%",
+                         f"{translated / busy:.1f}"])
     finally:
         server.terminate()
         server.wait(30)
     print_table(f"serve: Multi30k test_2016_flickr, {len(sentences)} sentences, beam 4, fp32 ({machine()})",
-                ["configuration", "clients", "sent/s", "of batch 64", "p50 ms", "p95 ms", "sentences per batch"], rows)
+                ["configuration", "clients", "sent/s", "of batch 64", "p50 ms", "p95 ms", "sentences per batch",
+                 "translator busy", "sent/s while busy"], rows)
     return rows
 
 

@@ -2,20 +2,24 @@
 `small` model, for beam 4 and greedy, batch 1 and 64, fp32 and bf16.
 
 Batch 64 runs all 1,000 sentences; batch 1 runs the first 200 (it is the slow, latency-bound case).
-Each configuration runs `--repeat` times (after a one-batch warm-up); the table gives the first run, which
-includes one-time costs such as oneDNN compiling its bf16 kernels, and the best run. Also checks that odd
+Each engine runs in a fresh process of its own, each configuration `--repeat` times (after a one-batch
+warm-up); the table gives the first run, which includes one-time costs such as oneDNN compiling its
+kernels, and the best run. Also checks that odd
 input sizes (461, 1071 lines) come back whole.
 
 Then whole processes, as a user runs them: start-up (`import torch` alone, and one line through
 `nmt translate`, median of 3) and `nmt translate -i FILE -o OUT` over all 1,000 sentences (sent/s of the
-whole process, start-up included); with `--exported DIR` (from `nmt export ctranslate2`) the same for it.
+whole process, start-up included). With `--exported DIR` (from `nmt export ctranslate2`, same model) both
+tables also run CTranslate2 on that folder, through the same text pipeline and batching.
 
     python benchmarks/translate.py [--model exp/multi30k/model.pt] [--repeat 2] [--exported DIR]
+                                   [--whole-only | --decode-only]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -33,9 +37,14 @@ def main() -> list[list]:
     parser.add_argument("--repeat", type=int, default=2, help="runs per configuration")
     parser.add_argument("--exported", help="an `nmt export ctranslate2` folder of the same model")
     parser.add_argument("--whole-only", action="store_true", help="only the whole-process table")
+    parser.add_argument("--decode-only", action="store_true", help="only the in-process (search) table")
+    parser.add_argument("--engine-rows", help=argparse.SUPPRESS)  # internal: one engine's rows, as JSON
     args = parser.parse_args()
     if not Path(args.model).exists():
         sys.exit(f"benchmark: {args.model} not found; run `make multi30k` first or pass --model")
+    if args.engine_rows:
+        print(json.dumps(engine_rows(args)))
+        return []
     import torch
 
     from nmt_cli.textio import read_lines
@@ -44,26 +53,17 @@ def main() -> list[list]:
     data = require_multi30k()
     path = data / "test_2016_flickr.en.gz"
     sources = read_lines(path if path.exists() else data / "test_2016_flickr.en")
-    whole_process(args, sources)
+    if not args.decode_only:
+        whole_process(args, sources)
     if args.whole_only:
         return []
     rows = []
-    for precision in ("fp32", "bf16"):
-        translator = Translator.from_checkpoint(args.model, device="cpu", precision=precision)
-        translator.translate(sources[:64])  # warm-up
-        for greedy in (False, True):
-            for batch_size in (64, 1):
-                subset = sources if batch_size > 1 else sources[: args.batch1_sentences]
-                runs = []
-                for _ in range(max(1, args.repeat)):
-                    translator.generated_tokens = 0
-                    start = time.perf_counter()
-                    out = translator.translate(subset, beam=4, greedy=greedy, batch_size=batch_size)
-                    runs.append(time.perf_counter() - start)
-                    assert len(out) == len(subset)
-                tokens = translator.generated_tokens
-                rows.append([("greedy" if greedy else "beam 4"), batch_size, precision, len(subset),
-                             len(subset) / runs[0], len(subset) / min(runs), tokens / min(runs)])
+    engines = ["fp32", "bf16"] + (["exported"] if args.exported else [])
+    for engine in engines:  # each in a fresh process: no engine runs beside another's idle thread pools
+        out = subprocess.run([sys.executable, __file__, "--model", args.model, "--exported", args.exported or "",
+                              "--repeat", str(args.repeat), "--batch1-sentences", str(args.batch1_sentences),
+                              "--engine-rows", engine], check=True, capture_output=True, text=True).stdout
+        rows += json.loads(out.splitlines()[-1])
     translator = Translator.from_checkpoint(args.model, device="cpu")
     for n in (461, 1071):
         odd = (sources * 2)[:n]
@@ -72,6 +72,43 @@ def main() -> list[list]:
                 f"{torch.get_num_threads()} threads)",
                 ["search", "batch", "precision", "sentences", "sent/s (first run)", "sent/s (best)",
                  "tgt tok/s (best)"], rows)
+    return rows
+
+
+def engine_rows(args) -> list[list]:
+    """Beam 4 and greedy, batch 64 and 1, of one engine: fp32 or bf16 (nmt), or `exported` (CTranslate2,
+    without importing torch)."""
+    from nmt_cli.textio import read_lines
+
+    data = require_multi30k()
+    path = data / "test_2016_flickr.en.gz"
+    sources = read_lines(path if path.exists() else data / "test_2016_flickr.en")
+    if args.engine_rows == "exported":
+        from nmt_cli.ct2 import CTranslate2Translator
+
+        translator = CTranslate2Translator.from_dir(args.exported)
+        label = "ctranslate2 " + json.loads((Path(args.exported) / "nmt.json").read_text())["quantization"]
+    else:
+        from nmt_cli.translate import Translator
+
+        translator = Translator.from_checkpoint(args.model, device="cpu", precision=args.engine_rows)
+        label = args.engine_rows
+    translator.translate(sources[:64])  # warm-up
+    rows = []
+    for greedy in (False, True):
+        for batch_size in (64, 1):
+            subset = sources if batch_size > 1 else sources[: args.batch1_sentences]
+            runs = []
+            for _ in range(max(1, args.repeat)):
+                translator.generated_tokens = 0
+                start = time.perf_counter()
+                out = translator.translate(subset, beam=4, greedy=greedy, batch_size=batch_size)
+                runs.append(time.perf_counter() - start)
+                assert len(out) == len(subset)
+            tokens = translator.generated_tokens
+            rows.append([("greedy" if greedy else "beam 4"), batch_size, label, len(subset),
+                         round(len(subset) / runs[0], 1), round(len(subset) / min(runs), 1),
+                         round(tokens / min(runs), 1)])
     return rows
 
 

@@ -529,7 +529,7 @@ def serve_cmd(
     """Serve translations over HTTP: POST /translate {"text": [...], "beam": 4}, GET /health."""
     from .ct2 import CTranslate2Translator
     from .pipeline import load_translator
-    from .serve import ServeLimits, check_port, serve
+    from .serve import ServeLimits, check_port, serve, translator_thread
 
     for flag, value in (("--max-batch", max_batch), ("--max-queue", max_queue), ("--max-sentences", max_sentences),
                         ("--max-chars", max_chars)):
@@ -544,13 +544,14 @@ def serve_cmd(
     if max_sentences > max_queue:
         raise NmtError(f"--max-sentences {max_sentences} exceeds --max-queue {max_queue}: such a request never fits")
     check_port(host, port)
-    translator = load_translator(model, device=device.value if device else None, precision=precision.value,
-                                 threads=threads, engine=engine.value)
+    executor = translator_thread()  # loads the model and runs every batch: one thread for all PyTorch work
+    translator = executor.submit(load_translator, model, device=device.value if device else None,
+                                 precision=precision.value, threads=threads, engine=engine.value).result()
     limits = ServeLimits(max_batch, max_tokens, batch_wait_ms, max_queue, max_sentences, max_chars)
     runs_on = "ctranslate2" if isinstance(translator, CTranslate2Translator) else "nmt"
     serve(translator, host, port, limits, runs_on, on_ready=lambda: err.print(
         f"serving {model[0]} ({runs_on}) on http://{host}:{port} (POST /translate, GET /health)", markup=False,
-        highlight=False))
+        highlight=False), executor=executor)
 
 
 # ----------------------------------------------------------------------------- score

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .errors import NmtError
-from .ops import dropout, relu_dropout
+from .ops import dropout, linear, relu_dropout
 
 
 @dataclass(frozen=True)
@@ -97,14 +97,21 @@ def explicit_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = No
         return torch.matmul(weights, v)
 
 
+class Linear(nn.Linear):
+    """nn.Linear through `ops.linear` (oneDNN for large float32 inference products on CPU)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight, self.bias)
+
+
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..h) W^O (section 3.2.2), via scaled_dot_product_attention."""
 
     def __init__(self, d_model: int, heads: int, dropout: float) -> None:
         super().__init__()
         self.heads, self.dk, self.dropout = heads, d_model // heads, dropout
-        self.in_proj = nn.Linear(d_model, 3 * d_model)  # W^Q, W^K, W^V stacked
-        self.out_proj = nn.Linear(d_model, d_model)
+        self.in_proj = Linear(d_model, 3 * d_model)  # W^Q, W^K, W^V stacked
+        self.out_proj = Linear(d_model, d_model)
 
     def _split(self, x: Tensor) -> Tensor:  # (B, L, d) -> (B, h, L, dk)
         return x.unflatten(-1, (self.heads, self.dk)).transpose(1, 2)
@@ -123,12 +130,12 @@ class MultiHeadAttention(nn.Module):
 
     def project_q(self, x: Tensor) -> Tensor:
         d = self.heads * self.dk
-        return self._split(F.linear(x, self.in_proj.weight[:d], self.in_proj.bias[:d]))
+        return self._split(linear(x, self.in_proj.weight[:d], self.in_proj.bias[:d]))
 
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values of cross-attention over the encoder output, each (B, h, S, dk)."""
         d = self.heads * self.dk
-        k, v = F.linear(memory, self.in_proj.weight[d:], self.in_proj.bias[d:]).chunk(2, dim=-1)
+        k, v = linear(memory, self.in_proj.weight[d:], self.in_proj.bias[d:]).chunk(2, dim=-1)
         return self._split(k), self._split(v)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
@@ -155,7 +162,7 @@ class PositionwiseFeedForward(nn.Module):
 
     def __init__(self, d_model: int, ffn: int, activation_dropout: float = 0.0) -> None:
         super().__init__()
-        self.w1, self.w2 = nn.Linear(d_model, ffn), nn.Linear(ffn, d_model)
+        self.w1, self.w2 = Linear(d_model, ffn), Linear(ffn, d_model)
         self.activation_dropout = activation_dropout
 
     def forward(self, x: Tensor) -> Tensor:
@@ -344,7 +351,7 @@ class Transformer(nn.Module):
 
     def logits(self, hidden: Tensor) -> Tensor:
         """Output projection with the shared embedding matrix: (..., d) -> (..., V)."""
-        return F.linear(hidden, self.embed.weight)
+        return linear(hidden, self.embed.weight)
 
     def forward(self, src: Tensor, prev_output: Tensor) -> Tensor:
         """Decoder hidden states (B, T, d) for teacher forcing; apply `logits` to the positions you need."""

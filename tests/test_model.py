@@ -21,7 +21,10 @@ def _model(pre_norm: bool = False, vocab: int = 40) -> Transformer:
 
 
 @pytest.mark.parametrize("pre_norm", [False, True])
-def test_cached_decoding_equals_full_recomputation(pre_norm):
+@pytest.mark.parametrize("onednn_min_macs", [0, ops.ONEDNN_MIN_MACS])
+def test_cached_decoding_equals_full_recomputation(pre_norm, onednn_min_macs, monkeypatch):
+    """Also with every float32 product on oneDNN (`ops.linear`), as the large products of real decoding are."""
+    monkeypatch.setattr(ops, "ONEDNN_MIN_MACS", onednn_min_macs)
     model = _model(pre_norm)
     src = torch.randint(4, 40, (3, 9))
     src[1, 6:] = 0  # padding
@@ -63,6 +66,32 @@ def test_cached_decoding_with_beam_reorder():
         hidden = model.decode(history, mem1.expand(3, -1, -1), mask1.expand(3, -1, -1, -1))
         full = torch.log_softmax(model.logits(hidden), -1)
     torch.testing.assert_close(torch.stack(cached, 1), full[:, 3:6], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not ops._ONEDNN_LINEAR, reason="this PyTorch build has no oneDNN")
+def test_linear_runs_large_float32_inference_products_on_onednn():
+    """ops.linear: oneDNN for float32 without gradients from ONEDNN_MIN_MACS multiply-adds up; F.linear
+    otherwise (small products, gradients, bf16, autocast), so training and its gradients never change."""
+    torch.manual_seed(0)
+    x, w, b = torch.randn(2, 150, 256), torch.randn(1024, 256), torch.randn(1024)
+    onednn = torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+    with torch.no_grad():
+        out = ops.linear(x, w, b)
+        assert torch.equal(out, onednn)
+        torch.testing.assert_close(out, F.linear(x, w, b), atol=1e-4, rtol=1e-5)
+        assert torch.equal(ops.linear(x[:, :1, :16], w[:, :16]), F.linear(x[:, :1, :16], w[:, :16]))  # small
+        assert torch.equal(ops.linear(x[:, 10:20].transpose(0, 1), w, b),  # a non-contiguous input
+                           torch.ops.mkldnn._linear_pointwise(x[:, 10:20].transpose(0, 1).contiguous(), w, b,
+                                                              "none", [], ""))
+        bf16 = ops.linear(x.bfloat16(), w.bfloat16(), b.bfloat16())
+        assert bf16.dtype == torch.bfloat16 and torch.equal(bf16, F.linear(x.bfloat16(), w.bfloat16(), b.bfloat16()))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert torch.equal(ops.linear(x, w, b), F.linear(x, w, b))
+    w.requires_grad_(True)
+    out = ops.linear(x, w, b)
+    assert torch.equal(out, F.linear(x, w, b))
+    out.sum().backward()
+    torch.testing.assert_close(w.grad, x.reshape(-1, 256).sum(0).expand(1024, -1), rtol=1e-4, atol=1e-3)
 
 
 def test_shared_embeddings_and_presets():
