@@ -208,3 +208,38 @@ def test_text_module_loads_sacremoses_without_joblib():
             "import joblib; assert joblib.Parallel is not None and joblib.delayed is not None; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_cli_loads_without_the_garbage_collector_and_translates_with_it(toy_model, tmp_path, monkeypatch):
+    """`nmt` (main) starts up with the collector off (full collections walk all of torch's objects) and turns it
+    back on, frozen, once the model is loaded: the translation itself runs with the collector on."""
+    import gc
+
+    from nmt_cli import cli, pipeline
+    from nmt_cli.pipeline import TextTranslator
+
+    seen: dict[str, bool] = {}
+    load, translate_nbest = pipeline.load_translator, TextTranslator.translate_nbest
+
+    def loading(*args, **kwargs):
+        seen["loading"] = gc.isenabled()
+        return load(*args, **kwargs)
+
+    def translating(self, *args, **kwargs):
+        seen["translating"] = gc.isenabled()
+        return translate_nbest(self, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "load_translator", loading)
+    monkeypatch.setattr(TextTranslator, "translate_nbest", translating)
+    src = tmp_path / "in.en"
+    src.write_text("A man is riding a bike.\n", encoding="utf-8")
+    monkeypatch.setattr(sys, "argv", ["nmt", "translate", "-m", str(toy_model), "-i", str(src), "-o",
+                                      str(tmp_path / "out.de")])
+    try:
+        with pytest.raises(SystemExit) as exit:
+            cli.main()
+    finally:
+        gc.unfreeze()
+    assert exit.value.code == 0
+    assert seen == {"loading": False, "translating": True} and gc.isenabled()
+    assert (tmp_path / "out.de").read_text(encoding="utf-8").count("\n") == 1
