@@ -137,11 +137,11 @@ def main() -> list[list]:
             q = statistics.quantiles(latencies, n=20)
             translated = after["translated_sentences"] - before["translated_sentences"]
             per_batch = translated / max(after["batches"] - before["batches"], 1)
-            busy = after["translate_seconds"] - before["translate_seconds"]
+            busy = after.get("translate_seconds", 0) - before.get("translate_seconds", 0)  # 0: an older server
             rows.append([f"nmt serve, {clients} client(s), 1 sentence per request", clients, f"{rate:.1f}",
                          f"{100 * rate / batch64:.0f}%", f"{1000 * statistics.median(latencies):.0f}",
-                         f"{1000 * q[18]:.0f}", f"{per_batch:.1f}", f"{100 * busy / seconds:.0f}%",
-                         f"{translated / busy:.1f}"])
+                         f"{1000 * q[18]:.0f}", f"{per_batch:.1f}", f"{100 * busy / seconds:.0f}%" if busy else "-",
+                         f"{translated / busy:.1f}" if busy else "-"])
     finally:
         server.terminate()
         server.wait(30)

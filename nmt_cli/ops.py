@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 # Float32 products through oneDNN instead of MKL, for inference on CPU. Measured on the 2-core AMD EPYC (Zen 5,
-# AVX-512) for decoding's shapes: 2-2.5x MKL's speed from ~4M multiply-adds up (MKL takes its AVX2 code path on
-# AMD processors), but ~15 us of fixed cost per call that makes it slower below. NMT_ONEDNN=0 turns it off.
+# AVX-512) for decoding's shapes: 2-2.5x MKL's speed from ~4M multiply-adds up (near the cores' peak), but
+# ~15 us of fixed cost per call that makes it slower below. NMT_ONEDNN=0 turns it off.
 ONEDNN_MIN_MACS = 1 << 22
 _ONEDNN_LINEAR = os.environ.get("NMT_ONEDNN", "1") != "0" and torch.backends.mkldnn.is_available()
 
