@@ -4,8 +4,7 @@
 Batch 64 runs all 1,000 sentences; batch 1 runs the first 200 (it is the slow, latency-bound case).
 Each engine runs in a fresh process of its own, each configuration `--repeat` times (after a one-batch
 warm-up); the table gives the first run, which includes one-time costs such as oneDNN compiling its
-kernels, and the best run. Also checks that odd
-input sizes (461, 1071 lines) come back whole.
+kernels, and the best run. Also checks that odd input sizes (461, 1071 lines) come back whole.
 
 Then whole processes, as a user runs them: start-up (`import torch` alone, and one line through
 `nmt translate`, median of 3) and `nmt translate -i FILE -o OUT` over all 1,000 sentences (sent/s of the
