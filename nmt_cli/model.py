@@ -206,18 +206,60 @@ def attention_dtype(x: Tensor) -> torch.dtype:
     return x.dtype
 
 
+class CachePool:
+    """Flat CPU buffers that `KVCache` reuses from one search to the next.
+
+    A fresh buffer of 50-200 MB is mapped page by page as a search first writes it, one page fault per 4 KB;
+    reused ones are mapped already (beam search at batch 64: ~240k faults per 1,000 sentences fewer, ~5%
+    faster, measured on the 2-core AMD EPYC). Keeps at most `keep` buffers, the largest; other devices
+    allocate as usual (CUDA's caching allocator already reuses memory).
+    """
+
+    def __init__(self, keep: int = 2) -> None:
+        self.keep = keep
+        self.free: list[Tensor] = []  # largest first
+
+    def take(self, numel: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """A flat buffer of at least `numel` elements: the smallest kept one that fits, else a new one."""
+        if device.type == "cpu":
+            for i in reversed(range(len(self.free))):
+                if self.free[i].dtype == dtype and self.free[i].numel() >= numel:
+                    return self.free.pop(i)
+        return torch.empty(numel, dtype=dtype, device=device)
+
+    def give(self, buffers: list[Tensor]) -> None:
+        """Keep `buffers` for later searches (CPU only, at most `keep` in all)."""
+        self.free += [b for b in buffers if b.device.type == "cpu"]
+        self.free.sort(key=lambda b: b.numel() * b.element_size(), reverse=True)
+        del self.free[self.keep :]
+
+
 class KVCache:
     """Self-attention keys and values of every decoder layer, preallocated: (N, max_len, layers, 2, h, dk).
 
     Time-major, so the filled steps of a hypothesis are one contiguous block and beam reordering is one
-    `index_select` for all layers, written into a second buffer (swapped in) instead of copied back.
+    `index_select` for all layers, written into a second buffer (swapped in) instead of copied back. With a
+    `pool`, both buffers come from it, and `release` gives them back.
     """
 
     def __init__(self, rows: int, layers: int, heads: int, max_len: int, dk: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
-        self.buffer = torch.empty(rows, max_len, layers, 2, heads, dk, dtype=dtype, device=device)
+                 device: torch.device, pool: CachePool | None = None) -> None:
+        self.pool, self.flats = pool, []  # the flat buffers the views below live in
+        self.buffer = self._allocate((rows, max_len, layers, 2, heads, dk), dtype, device)
         self.spare: Tensor | None = None  # the reorder target, allocated on first use
         self.rows, self.length = rows, 0  # rows in use (the first ones; set by the first step), steps filled
+
+    def _allocate(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+        numel = math.prod(shape)
+        flat = self.pool.take(numel, dtype, device) if self.pool else torch.empty(numel, dtype=dtype, device=device)
+        self.flats.append(flat)
+        return flat[:numel].view(shape)
+
+    def release(self) -> None:
+        """Give the buffers back to the pool (the cache is unusable afterwards)."""
+        if self.pool:
+            self.pool.give(self.flats)
+        self.flats, self.buffer, self.spare = [], None, None  # type: ignore[assignment]
 
     def append(self, layer: int, kv: Tensor) -> tuple[Tensor, Tensor]:
         """Store one layer's keys and values of the current step, kv (N, 1, 2 * d) as in_proj stacks them.
@@ -242,7 +284,7 @@ class KVCache:
         """Keep only `rows` (N',) in the given order: beam search's backpointers."""
         t, n = self.length, rows.shape[0]
         if self.spare is None:
-            self.spare = torch.empty_like(self.buffer)
+            self.spare = self._allocate(self.buffer.shape, self.buffer.dtype, self.buffer.device)
         torch.index_select(self.buffer[: self.rows, :t], 0, rows, out=self.spare[:n, :t])
         self.buffer, self.spare = self.spare, self.buffer
         self.rows = n
@@ -288,6 +330,10 @@ class DecoderState:
     def __init__(self, memory_kv: list[tuple[Tensor, Tensor]], src_mask: Tensor, cache: KVCache) -> None:
         self.memory_kv, self.src_mask, self.cache = memory_kv, src_mask, cache
         self.step = 0
+
+    def release(self) -> None:
+        """Return the cache's buffers to its pool; the state is unusable afterwards."""
+        self.cache.release()
 
     def reorder(self, rows: Tensor, sentences: Tensor | None = None) -> None:
         """Reorder hypotheses to `rows` (N',); when sentences finished, keep only `sentences` (B',)."""
@@ -358,8 +404,10 @@ class Transformer(nn.Module):
         memory, src_mask = self.encode(src)
         return self.decode(prev_output, memory, src_mask)
 
-    def start_decoding(self, memory: Tensor, src_mask: Tensor, beam: int, max_len: int) -> DecoderState:
-        """Incremental decoding state for B sentences with up to `beam` hypotheses each and `max_len` steps.
+    def start_decoding(self, memory: Tensor, src_mask: Tensor, beam: int, max_len: int,
+                       pool: CachePool | None = None) -> DecoderState:
+        """Incremental decoding state for B sentences with up to `beam` hypotheses each and `max_len` steps;
+        its cache's buffers come from `pool` when given (see `DecoderState.release`).
 
         The first step decodes B * beam rows, or B (one per sentence) for `reorder` to fan out to B * beam.
         """
@@ -367,7 +415,7 @@ class Transformer(nn.Module):
         # Keys and values are stored in the dtype attention computes in, so no step converts them again.
         dtype = attention_dtype(memory)
         cache = KVCache(memory.shape[0] * beam, c.layers, c.heads, max_len, c.d_model // c.heads, dtype,
-                        memory.device)
+                        memory.device, pool)
         memory_kv = [(k.to(dtype), v.to(dtype)) for k, v in self.memory_kv(memory)]
         return DecoderState(memory_kv, src_mask, cache)
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .model import DecoderState, Transformer
+from .model import CachePool, DecoderState, Transformer
 from .ops import linear_log_softmax_topk
 
 
@@ -35,14 +35,22 @@ class EnsembleModel:
         first = self.models[0].config
         self.pad, self.vocab_size = first.pad, first.vocab_size
         self.max_positions = min(m.config.max_positions for m in self.models)
+        self.pool = CachePool(keep=2 * len(self.models))  # each model's cache and its reorder buffer
 
     def start(self, src: Tensor, beam: int, max_len: int) -> list[DecoderState]:
-        """Encode src (B, S) with every model; decoding state for B x beam hypotheses."""
+        """Encode src (B, S) with every model; decoding state for B x beam hypotheses (give it back with
+        `release` when the search ends)."""
         states = []
         for model in self.models:
             memory, mask = model.encode(src)
-            states.append(model.start_decoding(memory, mask, beam, max_len))
+            states.append(model.start_decoding(memory, mask, beam, max_len, self.pool))
         return states
+
+    @staticmethod
+    def release(states: list[DecoderState]) -> None:
+        """Return the states' cache buffers to the pool for the next search."""
+        for state in states:
+            state.release()
 
     def step(self, tokens: Tensor, states: list[DecoderState], k: int, at_limit: Tensor, bos: int,
              eos: int) -> tuple[Tensor, Tensor]:
@@ -102,20 +110,23 @@ def greedy_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, max_
     tokens = torch.full((bsz,), bos, dtype=torch.long, device=src.device)
     outputs: list[list[int]] = [[] for _ in range(bsz)]
     scores = [0.0] * bsz
-    for step in range(int(limits.max()) + 1):
-        best_lp, best = ensemble.step(tokens, states, 1, limits[active] <= step, bos, eos)  # (N, 1) each
-        best_lp, tokens = best_lp[:, 0], best[:, 0]
-        done = tokens == eos
-        for i, tok, lp in zip(active.tolist(), tokens.tolist(), best_lp.tolist()):
-            scores[i] += lp
-            if tok != eos:
-                outputs[i].append(tok)
-        if done.all():
-            break
-        if done.any():
-            keep = (~done).nonzero().squeeze(1)
-            ensemble.reorder(states, keep, keep)
-            active, tokens = active[keep], tokens[keep]
+    try:
+        for step in range(int(limits.max()) + 1):
+            best_lp, best = ensemble.step(tokens, states, 1, limits[active] <= step, bos, eos)  # (N, 1) each
+            best_lp, tokens = best_lp[:, 0], best[:, 0]
+            done = tokens == eos
+            for i, tok, lp in zip(active.tolist(), tokens.tolist(), best_lp.tolist()):
+                scores[i] += lp
+                if tok != eos:
+                    outputs[i].append(tok)
+            if done.all():
+                break
+            if done.any():
+                keep = (~done).nonzero().squeeze(1)
+                ensemble.reorder(states, keep, keep)
+                active, tokens = active[keep], tokens[keep]
+    finally:
+        ensemble.release(states)
     return [Hypothesis(out, s) for out, s in zip(outputs, scores)]
 
 
@@ -143,50 +154,53 @@ def beam_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, beam: 
     scores = torch.full((bsz, width), -math.inf, device=device)  # log-probability of each open hypothesis
     scores[:, 0] = 0.0  # one live start per sentence, so the first step does not pick duplicates
     history = torch.full((bsz * width, 1), bos, dtype=torch.long, device=device)  # (N, t)
-    for step in range(int(limits.max()) + 1):
-        n_active = active.shape[0]
-        at_limit = (limits[active] <= step).repeat_interleave(width)
-        lprobs, proposals = ensemble.step(history[:, -1], states, k, at_limit, bos, eos)  # (N, k) each
-        candidates = (scores.unsqueeze(-1) + lprobs.view(n_active, width, k)).view(n_active, width * k)
-        top_scores, top_index = candidates.topk(min(2 * beam, width * k), dim=1)  # (B', 2*beam)
-        top_beam, top_token = top_index // k, proposals.view(n_active, width * k).gather(1, top_index)
-        is_eos = (top_token == eos) & torch.isfinite(top_scores)
-        # Finished hypotheses: </s> candidates among the `beam` best (fairseq's rule; the other `beam` are only
-        # there to refill the open beam), so that beam 1 is exactly greedy search.
-        is_eos[:, beam:] = False
+    try:
+        for step in range(int(limits.max()) + 1):
+            n_active = active.shape[0]
+            at_limit = (limits[active] <= step).repeat_interleave(width)
+            lprobs, proposals = ensemble.step(history[:, -1], states, k, at_limit, bos, eos)  # (N, k) each
+            candidates = (scores.unsqueeze(-1) + lprobs.view(n_active, width, k)).view(n_active, width * k)
+            top_scores, top_index = candidates.topk(min(2 * beam, width * k), dim=1)  # (B', 2*beam)
+            top_beam, top_token = top_index // k, proposals.view(n_active, width * k).gather(1, top_index)
+            is_eos = (top_token == eos) & torch.isfinite(top_scores)
+            # Finished hypotheses: </s> candidates among the `beam` best (fairseq's rule; the other `beam` are only
+            # there to refill the open beam), so that beam 1 is exactly greedy search.
+            is_eos[:, beam:] = False
 
-        penalty = length_penalty(step + 1, lenpen)
-        if is_eos.any():
-            sentences, beams, totals = active.tolist(), top_beam.tolist(), top_scores.tolist()
-            for b, j in is_eos.nonzero().tolist():
-                tokens = history[b * width + beams[b][j], 1:].tolist()
-                finished[sentences[b]].append(Hypothesis(tokens, totals[b][j] / penalty))
+            penalty = length_penalty(step + 1, lenpen)
+            if is_eos.any():
+                sentences, beams, totals = active.tolist(), top_beam.tolist(), top_scores.tolist()
+                for b, j in is_eos.nonzero().tolist():
+                    tokens = history[b * width + beams[b][j], 1:].tolist()
+                    finished[sentences[b]].append(Hypothesis(tokens, totals[b][j] / penalty))
 
-        # Open hypotheses: the `beam` best candidates that do not end in </s>.
-        open_scores = top_scores.masked_fill(top_token == eos, -math.inf)
-        open_scores, pick = open_scores.topk(beam, dim=1)  # (B', beam)
-        open_beam, open_token = top_beam.gather(1, pick), top_token.gather(1, pick)
+            # Open hypotheses: the `beam` best candidates that do not end in </s>.
+            open_scores = top_scores.masked_fill(top_token == eos, -math.inf)
+            open_scores, pick = open_scores.topk(beam, dim=1)  # (B', beam)
+            open_beam, open_token = top_beam.gather(1, pick), top_token.gather(1, pick)
 
-        # A sentence is done when no open hypothesis can beat its nbest-th finished one.
-        best_open = open_scores[:, 0]
-        bounds = (best_open / length_penalty(limits[active].float() + 1, lenpen)).tolist()
-        done = []
-        for sentence, best, bound in zip(active.tolist(), best_open.tolist(), bounds):
-            hyps = finished[sentence]
-            if len(hyps) >= nbest:
-                hyps.sort(key=lambda h: -h.score)
-                del hyps[beam:]
-            done.append(not math.isfinite(best) or (len(hyps) >= nbest and bound <= hyps[nbest - 1].score))
-        done = torch.tensor(done)
-        if bool(done.all()):
-            break
-        keep = (~done).nonzero().squeeze(1).to(device)  # (B'',)
-        rows = ((keep * width).unsqueeze(1) + open_beam[keep]).view(-1)  # (B'' * beam,)
-        history = torch.cat([history.index_select(0, rows), open_token[keep].view(-1, 1)], dim=1)
-        scores = open_scores[keep]
-        ensemble.reorder(states, rows, keep if len(keep) < n_active else None)
-        active = active[keep]
-        width = beam
+            # A sentence is done when no open hypothesis can beat its nbest-th finished one.
+            best_open = open_scores[:, 0]
+            bounds = (best_open / length_penalty(limits[active].float() + 1, lenpen)).tolist()
+            done = []
+            for sentence, best, bound in zip(active.tolist(), best_open.tolist(), bounds):
+                hyps = finished[sentence]
+                if len(hyps) >= nbest:
+                    hyps.sort(key=lambda h: -h.score)
+                    del hyps[beam:]
+                done.append(not math.isfinite(best) or (len(hyps) >= nbest and bound <= hyps[nbest - 1].score))
+            done = torch.tensor(done)
+            if bool(done.all()):
+                break
+            keep = (~done).nonzero().squeeze(1).to(device)  # (B'',)
+            rows = ((keep * width).unsqueeze(1) + open_beam[keep]).view(-1)  # (B'' * beam,)
+            history = torch.cat([history.index_select(0, rows), open_token[keep].view(-1, 1)], dim=1)
+            scores = open_scores[keep]
+            ensemble.reorder(states, rows, keep if len(keep) < n_active else None)
+            active = active[keep]
+            width = beam
+    finally:
+        ensemble.release(states)
     out = []
     for hyps in finished:
         hyps.sort(key=lambda h: -h.score)

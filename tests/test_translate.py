@@ -243,3 +243,33 @@ def test_cli_loads_without_the_garbage_collector_and_translates_with_it(toy_mode
     assert exit.value.code == 0
     assert seen == {"loading": False, "translating": True} and gc.isenabled()
     assert (tmp_path / "out.de").read_text(encoding="utf-8").count("\n") == 1
+
+
+def test_searches_reuse_cache_buffers_without_changing_results(toy_model, sources):
+    """The ensemble's CachePool hands the same buffers to the next search (stale contents never read): long,
+    short, then long batches translate as a fresh translator does, and no buffer beyond the first search's."""
+    fresh = Translator.from_checkpoint(toy_model).translate(sources, beam=4)
+    translator = Translator.from_checkpoint(toy_model)
+    pool = translator.ensemble.pool
+    assert translator.translate(sources, beam=4) == fresh
+    kept = {b.data_ptr() for b in pool.free}
+    assert len(kept) == 2  # the cache and its reorder buffer
+    assert translator.translate(sources[:3], greedy=True) == [translator.translate([s], greedy=True)[0]
+                                                              for s in sources[:3]]
+    assert translator.translate(sources, beam=4) == fresh
+    assert {b.data_ptr() for b in pool.free} == kept
+
+
+def test_cache_pool_keeps_the_largest_and_hands_out_the_smallest_that_fits():
+    from nmt_cli.model import CachePool
+
+    pool = CachePool(keep=2)
+    cpu = torch.device("cpu")
+    small, large, huge = (torch.empty(n) for n in (10, 100, 1000))
+    pool.give([small, large, huge])
+    assert [b.numel() for b in pool.free] == [1000, 100]  # the smallest dropped
+    assert pool.take(50, torch.float32, cpu) is large
+    assert pool.take(50, torch.float32, cpu).numel() == 1000
+    assert pool.take(50, torch.float32, cpu).numel() == 50 and not pool.free  # a new one
+    pool.give([torch.empty(100, dtype=torch.bfloat16)])
+    assert pool.take(50, torch.float32, cpu).dtype == torch.float32  # another dtype is never handed out
