@@ -7,6 +7,7 @@ dk = d / h, V vocabulary, N = B * beam rows during beam search.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import asdict, dataclass, fields, replace
 
 import torch
@@ -218,20 +219,23 @@ class CachePool:
     def __init__(self, keep: int = 2) -> None:
         self.keep = keep
         self.free: list[Tensor] = []  # largest first
+        self._lock = threading.Lock()  # one translator may search on several threads at once
 
     def take(self, numel: int, dtype: torch.dtype, device: torch.device) -> Tensor:
         """A flat buffer of at least `numel` elements: the smallest kept one that fits, else a new one."""
         if device.type == "cpu":
-            for i in reversed(range(len(self.free))):
-                if self.free[i].dtype == dtype and self.free[i].numel() >= numel:
-                    return self.free.pop(i)
+            with self._lock:
+                for i in reversed(range(len(self.free))):
+                    if self.free[i].dtype == dtype and self.free[i].numel() >= numel:
+                        return self.free.pop(i)
         return torch.empty(numel, dtype=dtype, device=device)
 
     def give(self, buffers: list[Tensor]) -> None:
         """Keep `buffers` for later searches (CPU only, at most `keep` in all)."""
-        self.free += [b for b in buffers if b.device.type == "cpu"]
-        self.free.sort(key=lambda b: b.numel() * b.element_size(), reverse=True)
-        del self.free[self.keep :]
+        with self._lock:
+            self.free += [b for b in buffers if b.device.type == "cpu"]
+            self.free.sort(key=lambda b: b.numel() * b.element_size(), reverse=True)
+            del self.free[self.keep :]
 
 
 class KVCache:

@@ -273,3 +273,13 @@ def test_cache_pool_keeps_the_largest_and_hands_out_the_smallest_that_fits():
     assert pool.take(50, torch.float32, cpu).numel() == 50 and not pool.free  # a new one
     pool.give([torch.empty(100, dtype=torch.bfloat16)])
     assert pool.take(50, torch.float32, cpu).dtype == torch.float32  # another dtype is never handed out
+
+
+def test_one_translator_searches_on_several_threads_at_once(translator, sources):
+    """Searches share the ensemble's CachePool; concurrent ones each get buffers of their own."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    expected = translator.translate(sources, beam=4, batch_size=8)
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda _: translator.translate(sources, beam=4, batch_size=8), range(3)))
+    assert all(r == expected for r in results)
