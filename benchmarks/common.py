@@ -21,6 +21,15 @@ def require_multi30k() -> Path:
     return MULTI30K
 
 
+def flickr_test_sources() -> list[str]:
+    """The English side of Multi30k test_2016_flickr (1,000 sentences), the translation benchmarks' input."""
+    from nmt_cli.textio import read_lines
+
+    data = require_multi30k()
+    path = data / "test_2016_flickr.en.gz"
+    return read_lines(path if path.exists() else data / "test_2016_flickr.en")
+
+
 def machine() -> str:
     """A one-line description of this machine."""
     cpu = platform.processor() or platform.machine()

@@ -22,7 +22,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from common import REPO, machine, print_table, require_multi30k
+from common import REPO, flickr_test_sources, machine, print_table
 
 
 def _post(port: int, sentence: str, connection: http.client.HTTPConnection | None = None) -> list[str]:
@@ -91,11 +91,8 @@ def main() -> list[list]:
     if not Path(args.model).exists():
         sys.exit(f"benchmark: {args.model} not found; run `make multi30k` first or pass --model")
     from nmt_cli.pipeline import load_translator
-    from nmt_cli.textio import read_lines
 
-    data = require_multi30k()
-    path = data / "test_2016_flickr.en.gz"
-    sentences = read_lines(path if path.exists() else data / "test_2016_flickr.en")[: args.sentences]
+    sentences = flickr_test_sources()[: args.sentences]
 
     translator = load_translator([args.model], device="cpu")
     translator.translate(sentences[:64])  # warm-up

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, machine, print_table, require_multi30k
+from common import REPO, flickr_test_sources, machine, print_table
 
 
 def main() -> list[list]:
@@ -46,12 +46,9 @@ def main() -> list[list]:
         return []
     import torch
 
-    from nmt_cli.textio import read_lines
     from nmt_cli.translate import Translator
 
-    data = require_multi30k()
-    path = data / "test_2016_flickr.en.gz"
-    sources = read_lines(path if path.exists() else data / "test_2016_flickr.en")
+    sources = flickr_test_sources()
     if not args.decode_only:
         whole_process(args, sources)
     if args.whole_only:
@@ -77,11 +74,8 @@ def main() -> list[list]:
 def engine_rows(args) -> list[list]:
     """Beam 4 and greedy, batch 64 and 1, of one engine: fp32 or bf16 (nmt), or `exported` (CTranslate2,
     without importing torch)."""
-    from nmt_cli.textio import read_lines
 
-    data = require_multi30k()
-    path = data / "test_2016_flickr.en.gz"
-    sources = read_lines(path if path.exists() else data / "test_2016_flickr.en")
+    sources = flickr_test_sources()
     if args.engine_rows == "exported":
         from nmt_cli.ct2 import CTranslate2Translator
 
