@@ -239,19 +239,29 @@ class CachePool:
 
 
 class KVCache:
-    """Self-attention keys and values of every decoder layer, preallocated: (N, max_len, layers, 2, h, dk).
+    """Self-attention keys and values of every decoder layer for B sentences of up to `beam` hypotheses each,
+    preallocated: (B, max_len * beam, layers, 2, h, dk), the `beam` slots of step 0, then those of step 1, ...
 
-    Time-major, so the filled steps of a hypothesis are one contiguous block and beam reordering is one
-    `index_select` for all layers, written into a second buffer (swapped in) instead of copied back. With a
-    `pool`, both buffers come from it, and `release` gives them back.
+    A hypothesis writes its keys and values into its own slot of the current step, and they stay there: beam
+    reordering does not copy the cache. Instead each row keeps an ancestry mask over its sentence's slots
+    (the slots of the hypotheses it descends from, one per step), and self-attention runs per sentence: its
+    `beam` queries over all its slots, each query masked to its own ancestry. The same keys as a per-row
+    cache, read once per sentence and step; only the (N, max_len * beam) mask is reordered. Sentences that
+    finish are dropped with one `index_select` into a second buffer (swapped in). With a `pool`, both buffers
+    come from it, and `release` gives them back.
     """
 
-    def __init__(self, rows: int, layers: int, heads: int, max_len: int, dk: int, dtype: torch.dtype,
-                 device: torch.device, pool: CachePool | None = None) -> None:
+    def __init__(self, sentences: int, beam: int, layers: int, heads: int, max_len: int, dk: int,
+                 dtype: torch.dtype, device: torch.device, pool: CachePool | None = None) -> None:
         self.pool, self.flats = pool, []  # the flat buffers the views below live in
-        self.buffer = self._allocate((rows, max_len, layers, 2, heads, dk), dtype, device)
-        self.spare: Tensor | None = None  # the reorder target, allocated on first use
-        self.rows, self.length = rows, 0  # rows in use (the first ones; set by the first step), steps filled
+        self.buffer = self._allocate((sentences, max_len * beam, layers, 2, heads, dk), dtype, device)
+        self.spare: Tensor | None = None  # the target of dropping sentences, allocated on first use
+        # Row r's slots: the first (length + 1) * beam columns are in use.
+        self.ancestry = torch.zeros(sentences * beam if beam > 1 else 0, max_len * beam, dtype=torch.bool,
+                                    device=device)
+        self.sentences, self.beam, self.width = sentences, beam, beam  # width: rows (hypotheses) per sentence
+        self.length = 0  # steps filled
+        self._own: dict[tuple[int, int], Tensor] = {}  # (rows, width) -> row r owns slot r % width
 
     def _allocate(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
         numel = math.prod(shape)
@@ -265,33 +275,52 @@ class KVCache:
             self.pool.give(self.flats)
         self.flats, self.buffer, self.spare = [], None, None  # type: ignore[assignment]
 
-    def append(self, layer: int, kv: Tensor) -> tuple[Tensor, Tensor]:
-        """Store one layer's keys and values of the current step, kv (N, 1, 2 * d) as in_proj stacks them.
+    def start_step(self, rows: int) -> None:
+        """Begin a step of `rows` rows, `rows / sentences` per sentence (beam search's first step may decode one
+        row per sentence; `reorder` fans out): each row's slot of this step joins its ancestry."""
+        if rows % self.sentences or rows // self.sentences > self.beam:
+            raise ValueError(f"decoding {rows} rows with a cache of {self.sentences} sentences x {self.beam}; "
+                             "reorder it first")
+        width, t = rows // self.sentences, self.length
+        if t == 0 and width < self.beam:  # slots never written must still hold finite numbers (masked, x 0)
+            self.buffer[:, width : self.beam].zero_()
+        self.width = width
+        if self.beam == 1:  # one hypothesis per sentence: it attends to every slot, no ancestry to keep
+            return
+        if (rows, width) not in self._own:
+            self._own[rows, width] = torch.eye(width, dtype=torch.bool, device=self.ancestry.device).repeat(
+                self.sentences, 1)
+        self.ancestry[:rows, t * self.beam : t * self.beam + width] = self._own[rows, width]
 
-        Returns that layer's keys and values of all steps so far, each (N, h, t, dk). The first step may use
-        fewer rows than the cache holds (beam search's first step: one per sentence); `reorder` fans out.
+    def append(self, layer: int, kv: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Store one layer's keys and values of the current step, kv (B, width, 2 * d) as in_proj stacks them.
+
+        Returns that layer's keys and values of every slot so far, each (B, h, slots, dk), and the attention
+        mask (B, 1, width, slots), True where a row may attend (None with one hypothesis per sentence).
         """
-        n, t = kv.shape[0], self.length
-        if t == 0:
-            self.rows = n
-        elif n != self.rows:
-            raise ValueError(f"decoding {n} rows with a cache of {self.rows}; reorder it first")
-        cache = self.buffer[:n, : t + 1, layer]  # (N, t, 2, h, dk)
-        cache[:, t] = kv.view(n, *cache.shape[2:])
-        return cache[:, :, 0].transpose(1, 2), cache[:, :, 1].transpose(1, 2)
+        b, t, beam = self.sentences, self.length, self.beam
+        slots = (t + 1) * beam
+        cache = self.buffer[:b, :slots, layer]  # (B, slots, 2, h, dk)
+        cache[:, t * beam : t * beam + self.width] = kv.view(b, self.width, *cache.shape[2:])
+        mask = None if beam == 1 else self.ancestry[: b * self.width, :slots].view(b, 1, self.width, slots)
+        return cache[:, :, 0].transpose(1, 2), cache[:, :, 1].transpose(1, 2), mask
 
     def advance(self) -> None:
         """Mark the current step as filled (after every layer appended)."""
         self.length += 1
 
-    def reorder(self, rows: Tensor) -> None:
-        """Keep only `rows` (N',) in the given order: beam search's backpointers."""
-        t, n = self.length, rows.shape[0]
-        if self.spare is None:
-            self.spare = self._allocate(self.buffer.shape, self.buffer.dtype, self.buffer.device)
-        torch.index_select(self.buffer[: self.rows, :t], 0, rows, out=self.spare[:n, :t])
-        self.buffer, self.spare = self.spare, self.buffer
-        self.rows = n
+    def reorder(self, rows: Tensor, sentences: Tensor | None = None) -> None:
+        """Row i continues the hypothesis of row `rows[i]` (beam search's backpointers, always within one
+        sentence); with `sentences`, only those sentences (B',) remain, in that order."""
+        if self.beam > 1:
+            self.ancestry = self.ancestry.index_select(0, rows)
+        if sentences is not None:
+            slots, n = self.length * self.beam, sentences.shape[0]
+            if self.spare is None:
+                self.spare = self._allocate(self.buffer.shape, self.buffer.dtype, self.buffer.device)
+            torch.index_select(self.buffer[: self.sentences, :slots], 0, sentences, out=self.spare[:n, :slots])
+            self.buffer, self.spare = self.spare, self.buffer
+            self.sentences = n
 
 
 class DecoderLayer(nn.Module):
@@ -310,8 +339,10 @@ class DecoderLayer(nn.Module):
         def self_attention(y: Tensor) -> Tensor:
             if cache is None:
                 return self.self_attn.attend(*self.self_attn.project_qkv(y), causal=True)
-            q, kv = self.self_attn.project_q_kv(y)
-            return self.self_attn.attend(q, *cache.append(layer, kv))
+            # Per sentence: its hypotheses' queries over its cached slots, each masked to its own ancestry.
+            q, kv = self.self_attn.project_q_kv(y.view(cache.sentences, -1, y.shape[-1]))  # q (B, h, width, dk)
+            k, v, mask = cache.append(layer, kv)
+            return self.self_attn.attend(q, k, v, mask=mask).view(y.shape)
 
         def cross_attention(y: Tensor) -> Tensor:
             k, v = memory_kv
@@ -341,7 +372,7 @@ class DecoderState:
 
     def reorder(self, rows: Tensor, sentences: Tensor | None = None) -> None:
         """Reorder hypotheses to `rows` (N',); when sentences finished, keep only `sentences` (B',)."""
-        self.cache.reorder(rows)
+        self.cache.reorder(rows, sentences)
         if sentences is not None:
             self.memory_kv = [(k.index_select(0, sentences), v.index_select(0, sentences)) for k, v in self.memory_kv]
             self.src_mask = self.src_mask.index_select(0, sentences)
@@ -418,7 +449,7 @@ class Transformer(nn.Module):
         c = self.config
         # Keys and values are stored in the dtype attention computes in, so no step converts them again.
         dtype = attention_dtype(memory)
-        cache = KVCache(memory.shape[0] * beam, c.layers, c.heads, max_len, c.d_model // c.heads, dtype,
+        cache = KVCache(memory.shape[0], beam, c.layers, c.heads, max_len, c.d_model // c.heads, dtype,
                         memory.device, pool)
         memory_kv = [(k.to(dtype), v.to(dtype)) for k, v in self.memory_kv(memory)]
         return DecoderState(memory_kv, src_mask, cache)
@@ -427,6 +458,7 @@ class Transformer(nn.Module):
         """One decoder step: tokens (N,) of the current position -> decoder output (N, d); `logits` of it
         scores the next token."""
         x = self._embed(tokens[:, None], offset=state.step)  # (N, 1, d)
+        state.cache.start_step(tokens.shape[0])
         for i, (layer, kv) in enumerate(zip(self.decoder, state.memory_kv)):
             x = layer(x, kv, state.src_mask, state.cache, i)
         state.cache.advance()

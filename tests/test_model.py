@@ -274,6 +274,36 @@ def test_linear_log_softmax_topk_matches_log_softmax_then_topk(vocab, block, k, 
     assert torch.equal(columns, expected.indices)
 
 
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_reordering_moves_only_ancestry_and_matches_recomputation(pre_norm):
+    """Random backpointers at every step, from a one-row first step: each row's cached output equals the
+    teacher-forced decoder on its own history, and beam reordering never copies the key/value cache."""
+    model = _model(pre_norm)
+    torch.manual_seed(3)
+    sentences, beam, steps = 3, 4, 7
+    src = torch.randint(4, 40, (sentences, 8))
+    src[2, 5:] = 0
+    with torch.no_grad():
+        memory, mask = model.encode(src)
+        state = model.start_decoding(memory, mask, beam=beam, max_len=steps)
+        history = torch.full((sentences, 1), 1)
+        outputs = [model.decode_step(history[:, 0], state)]  # one row per sentence
+        width = 1
+        for t in range(1, steps):
+            parents = (torch.arange(sentences)[:, None] * width + torch.randint(0, width, (sentences, beam))).view(-1)
+            buffer = state.cache.buffer.data_ptr()
+            state.reorder(parents)
+            assert state.cache.buffer.data_ptr() == buffer
+            history = torch.cat([history[parents], torch.randint(4, 40, (sentences * beam, 1))], 1)
+            outputs = [o[parents] for o in outputs]
+            outputs.append(model.decode_step(history[:, t], state))
+            width = beam
+        rows = sentences * beam
+        full = model.decode(history, memory.repeat_interleave(beam, 0), mask.repeat_interleave(beam, 0))
+    assert len(outputs) == steps and outputs[-1].shape[0] == rows
+    torch.testing.assert_close(torch.stack(outputs, 1), full, atol=1e-5, rtol=1e-5)
+
+
 def test_first_step_on_one_row_per_sentence_then_fanned_out():
     """Beam search's first step decodes one row per sentence; reordering fans it out to `beam` rows."""
     model = _model()
