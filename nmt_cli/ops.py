@@ -1,9 +1,11 @@
-"""Hot-path building blocks, written for speed: dropout, the fused output-projection loss, the fused
-output projection + log-softmax + top-k of a decoding step, and float32 inference matrix products.
+"""Hot-path building blocks, written for speed: dropout, the fused output-projection loss, the output
+layer of a decoding step (log-softmax + a top-k that ranks group maxima first), and float32 inference
+matrix products.
 
 Profiling a CPU training step showed dropout's `bernoulli_` and the (tokens x vocabulary) logits
 (allocation, log-softmax, their backward) each costing about as much as all the matrix products; in beam
-search the (hypotheses x vocabulary) passes of log-softmax and top-k cost more than the projection itself.
+search, log-softmax and top-k over the (hypotheses x vocabulary) logits cost about as much as the output
+projection itself, until top-k ranked group maxima first (`topk_rows`).
 """
 
 from __future__ import annotations
@@ -176,51 +178,53 @@ def linear_cross_entropy_and_nll(hidden: Tensor, weight: Tensor, target: Tensor,
     return loss, nll
 
 
-VOCAB_BLOCK = 4096  # columns per block of `linear_log_softmax_topk`: (N, block) floats stay in L2
-UNBLOCKED_SIZE = 1 << 18  # up to this many logits (N x V), blocks save less than their extra ops cost
+GROUPED_TOPK_MIN = 1 << 18  # entries (rows x columns) from which `topk_rows` ranks group maxima first
+TOPK_GROUP = 64  # columns per group
 
 
-def linear_log_softmax_topk(hidden: Tensor, weight: Tensor, k: int, exclude: tuple[int, ...] = (),
-                            block: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """The k largest entries per row of log_softmax(hidden @ weight^T), float32, without the (N, V) matrix.
+def topk_rows(x: Tensor, k: int, group: int | None = None) -> tuple[Tensor, Tensor]:
+    """x.topk(k, dim=-1) of a 2-D tensor (values and columns, largest first), fast for wide rows.
 
-    hidden (N, d), weight (V, d). Returns values (N, k), their columns (N, k) and the log-normalizer (N, 1),
-    so any other column c's log-probability is hidden @ weight[c] - normalizer. Columns in `exclude` count in
-    the normalizer but are never returned. The vocabulary is processed in blocks that stay in cache, each
-    contributing its top k and its sum of exponentials (combined as in online softmax); a decoding step
-    then reads each logit from memory once instead of in the five passes of log_softmax + topk.
+    A row's k largest entries lie in the k groups of `group` consecutive columns whose maxima are largest
+    (any other group's maximum is at most the k-th of those maxima), so only those k * group columns, and
+    the few after the last whole group, are ranked. Group maxima are one vectorized pass; PyTorch's CPU top-k
+    ranks (value, index) pairs one element at a time: (256 x 9,806) 0.55 instead of 1.17 ms on the 2-core AMD
+    EPYC. The same values as torch.topk; among exactly tied values the columns may differ.
     """
-    if hidden.shape[0] * weight.shape[0] <= UNBLOCKED_SIZE:  # few rows (batch 1): fewest ops wins
-        logits = linear(hidden, weight).float()
-        normalizer = torch.logsumexp(logits, -1, keepdim=True)
-        logits[:, list(exclude)] = -math.inf
-        value, column = logits.max(-1, keepdim=True) if k == 1 else logits.topk(k, dim=-1)
-        return value - normalizer, column, normalizer
-    block = block or VOCAB_BLOCK
-    peaks, sums, tops, columns = [], [], [], []
-    for start in range(0, weight.shape[0], block):
-        logits = linear(hidden, weight[start : start + block]).float()  # (N, block)
-        banned = [c - start for c in exclude if start <= c < start + logits.shape[1]]
-        if banned:
-            banned_logits = logits[:, banned]
-            logits[:, banned] = -math.inf
-        if k == 1:  # greedy search: max is a single pass, topk keeps a heap
-            value, column = logits.max(-1, keepdim=True)
-        else:
-            value, column = logits.topk(min(k, logits.shape[1]), dim=-1)
-        peak = value[:, :1]
-        if banned:
-            peak = torch.maximum(peak, banned_logits.amax(-1, keepdim=True))
-        peak = peak.nan_to_num(neginf=0.0)  # a row of -inf only (every column excluded): any finite shift works
-        total = logits.sub_(peak).exp_().sum(-1, keepdim=True)  # in place: the logits are not needed again
-        if banned:
-            total += (banned_logits - peak).exp().sum(-1, keepdim=True)
-        peaks.append(peak)
-        sums.append(total)
-        tops.append(value)
-        columns.append(column + start)
-    peaks_all = torch.cat(peaks, 1)  # (N, blocks)
-    peak = peaks_all.amax(-1, keepdim=True)
-    normalizer = peak + (torch.cat(sums, 1) * (peaks_all - peak).exp_()).sum(-1, keepdim=True).log_()
-    value, pick = torch.cat(tops, 1).topk(k, dim=-1)
-    return value - normalizer, torch.cat(columns, 1).gather(1, pick), normalizer
+    n, v = x.shape
+    group = group or TOPK_GROUP
+    if n * v < GROUPED_TOPK_MIN or v < 2 * k * group:  # narrow rows: too few columns to skip
+        return x.topk(k, dim=-1)
+    whole = v - v % group
+    groups = x[:, :whole].view(n, whole // group, group)
+    best = groups.amax(-1).topk(k, dim=-1).indices  # (n, k) groups
+    candidates = groups[torch.arange(n, device=x.device)[:, None], best].view(n, k * group)
+    if whole < v:
+        candidates = torch.cat([candidates, x[:, whole:]], 1)
+    values, pick = candidates.topk(k, dim=-1)
+    in_groups = pick < k * group
+    columns = best.gather(1, (pick // group).clamp_(max=k - 1)) * group + pick % group
+    return values, torch.where(in_groups, columns, pick + (whole - k * group))
+
+
+def linear_log_softmax_topk(hidden: Tensor, weight: Tensor, k: int,
+                            exclude: tuple[int, ...] = ()) -> tuple[Tensor, Tensor, Tensor]:
+    """The k largest entries per row of log_softmax(hidden @ weight^T), float32: a decoding step's output layer.
+
+    hidden (N, d), weight (V, d). Returns values (N, k), their columns (N, k) and all log-probabilities
+    (N, V). Columns in `exclude` count in the normalization but are set to -inf, so they are never returned.
+    PyTorch's log-softmax is one fused pass with a vectorized exp (torch.exp alone is slower here, and
+    logsumexp slower still); the top-k is `topk_rows`.
+    """
+    logits = linear(hidden, weight).float()
+    if logits.device.type == "cpu":
+        # In place: with a second (N, V) buffer per step, glibc handed the freed memory back to the kernel and
+        # faulted it in again at the next step (beam 4, batch 64: ~760k page faults and 1.5 s of system time
+        # per 1,000 sentences, ~15% slower).
+        log_probs = torch.log_softmax(logits, dim=-1, out=logits)
+    else:
+        log_probs = torch.log_softmax(logits, dim=-1)
+    if exclude:
+        log_probs[:, list(exclude)] = -math.inf
+    values, columns = topk_rows(log_probs, k)
+    return values, columns, log_probs

@@ -7,11 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from .model import CachePool, DecoderState, Transformer
-from .ops import linear_log_softmax_topk
+from .ops import linear_log_softmax_topk, topk_rows
 
 
 def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
@@ -62,25 +61,19 @@ class EnsembleModel:
         pad = self.pad
         limited = at_limit.nonzero().squeeze(1) if bool(at_limit.any()) else None
         if len(self.models) == 1:
-            # One model: its log-softmax is never materialized, only each row's k best entries.
             model = self.models[0]
             hidden = model.decode_step(tokens, states[0])  # (N, d)
-            top, index, normalizer = linear_log_softmax_topk(hidden, model.embed.weight, k, exclude=(pad, bos))
-            if limited is not None:
-                eos_logits = F.linear(hidden[limited], model.embed.weight[eos : eos + 1]).float()[:, 0]
-                eos_lprobs = eos_logits - normalizer[limited, 0]
+            top, index, scores = linear_log_softmax_topk(hidden, model.embed.weight, k, exclude=(pad, bos))
         else:
             lprobs = [torch.log_softmax(m.logits(m.decode_step(tokens, s)).float(), dim=-1)
                       for m, s in zip(self.models, states)]
             scores = torch.logsumexp(torch.stack(lprobs), dim=0) - math.log(len(lprobs))
             scores[:, pad] = -math.inf
             scores[:, bos] = -math.inf
-            top, index = scores.topk(k, dim=-1)
-            if limited is not None:
-                eos_lprobs = scores[limited, eos]
+            top, index = topk_rows(scores, k)
         if limited is not None:
             top[limited] = -math.inf
-            top[limited, 0] = eos_lprobs
+            top[limited, 0] = scores[limited, eos]
             index[limited, 0] = eos
         return top, index
 

@@ -256,22 +256,34 @@ def test_dropout_rate_and_expectation():
     assert torch.equal(x.grad, (y != 0).float() * 2.0)
 
 
-@pytest.mark.parametrize("vocab,block", [(100, 7), (100, 32), (100, 100), (100, 4096), (5000, 4096)])
+@pytest.mark.parametrize("vocab,group", [(100, 8), (100, 7), (5000, 64), (5003, 64), (100, 64), (61, 2)])
 @pytest.mark.parametrize("k", [1, 8])
-@pytest.mark.parametrize("unblocked_size", [0, 1 << 18])
-def test_linear_log_softmax_topk_matches_log_softmax_then_topk(vocab, block, k, unblocked_size, monkeypatch):
-    """Blocks that divide the vocabulary, that do not, and one block, and the unblocked path for small
-    inputs; excluded columns stay in the normalizer."""
-    monkeypatch.setattr(ops, "UNBLOCKED_SIZE", unblocked_size)
+def test_linear_log_softmax_topk_matches_log_softmax_then_topk(vocab, group, k, monkeypatch):
+    """Through group maxima (groups that divide the vocabulary, that leave a tail) and, for rows too narrow
+    for groups, plain top-k; excluded columns stay in the normalization."""
+    monkeypatch.setattr(ops, "GROUPED_TOPK_MIN", 0)
+    monkeypatch.setattr(ops, "TOPK_GROUP", group)
     torch.manual_seed(0)
     hidden, weight = torch.randn(13, 16), torch.randn(vocab, 16)
-    values, columns, normalizer = linear_log_softmax_topk(hidden, weight, k, exclude=(0, 1, 50), block=block)
-    lprobs = torch.log_softmax(hidden @ weight.t(), -1)
-    torch.testing.assert_close(normalizer[:, 0], torch.logsumexp(hidden @ weight.t(), -1))
-    lprobs[:, [0, 1, 50]] = -math.inf
-    expected = lprobs.topk(k, -1)
+    values, columns, log_probs = linear_log_softmax_topk(hidden, weight, k, exclude=(0, 1, 50))
+    expected_log_probs = torch.log_softmax(hidden @ weight.t(), -1)
+    expected_log_probs[:, [0, 1, 50]] = -math.inf
+    torch.testing.assert_close(log_probs, expected_log_probs)
+    expected = expected_log_probs.topk(k, -1)
     torch.testing.assert_close(values, expected.values)
     assert torch.equal(columns, expected.indices)
+
+
+def test_topk_rows_with_ties_and_infinities(monkeypatch):
+    monkeypatch.setattr(ops, "GROUPED_TOPK_MIN", 0)
+    torch.manual_seed(0)
+    x = torch.randint(0, 5, (6, 203)).float()  # many exact ties
+    x[0] = -math.inf  # a row with nothing to choose
+    x[1, 150:] = math.inf
+    values, columns = ops.topk_rows(x, 8, group=4)
+    expected = x.topk(8, -1)
+    assert torch.equal(values, expected.values)
+    assert torch.equal(x.gather(1, columns), values) and all(len(set(row)) == 8 for row in columns.tolist())
 
 
 @pytest.mark.parametrize("pre_norm", [False, True])

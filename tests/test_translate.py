@@ -101,12 +101,13 @@ def test_wide_beam_finds_the_exhaustive_optimum(lenpen):
             assert greedy.score <= exp_score + 1e-5
 
 
-@pytest.mark.parametrize("blocked", [False, True])
-def test_ensemble_of_one_model_twice_equals_the_model(toy_model, sources, translator, blocked, monkeypatch):
-    """The ensemble averages full distributions; one model takes the fused top-k (also in small blocks)."""
-    if blocked:
-        monkeypatch.setattr(ops, "UNBLOCKED_SIZE", 0)
-        monkeypatch.setattr(ops, "VOCAB_BLOCK", 16)
+@pytest.mark.parametrize("grouped", [False, True])
+def test_ensemble_of_one_model_twice_equals_the_model(toy_model, sources, translator, grouped, monkeypatch):
+    """The ensemble averages full distributions; one model takes the output layer of `linear_log_softmax_topk`
+    (also with top-k through group maxima, as for real vocabularies and batches: the toy vocabulary has 49)."""
+    if grouped:
+        monkeypatch.setattr(ops, "GROUPED_TOPK_MIN", 0)
+        monkeypatch.setattr(ops, "TOPK_GROUP", 2)
     double = Translator.from_checkpoint([toy_model, toy_model])
     assert double.translate(sources[:20], beam=4) == translator.translate(sources[:20], beam=4)
     assert double.translate(sources[:20], greedy=True) == translator.translate(sources[:20], greedy=True)
