@@ -25,15 +25,17 @@ ONEDNN_MIN_MACS = 1 << 20
 _ONEDNN_LINEAR = os.environ.get("NMT_ONEDNN", "1") != "0" and torch.backends.mkldnn.is_available()
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """F.linear(x, weight, bias); float32 on CPU without gradients runs on oneDNN when the product is large
-    enough to gain (`ONEDNN_MIN_MACS`). Results equal F.linear's up to float32 rounding."""
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, relu: bool = False) -> Tensor:
+    """F.linear(x, weight, bias), then ReLU if `relu`; float32 on CPU without gradients runs on oneDNN (the ReLU
+    fused into the product) when the product is large enough to gain (`ONEDNN_MIN_MACS`). Results equal
+    F.linear's up to float32 rounding."""
     if (_ONEDNN_LINEAR and x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu"
             and x.numel() * weight.shape[0] >= ONEDNN_MIN_MACS and not torch.is_autocast_enabled("cpu")
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                                   or (bias is not None and bias.requires_grad)))):
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-    return F.linear(x, weight, bias)
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "relu" if relu else "none", [], "")
+    y = F.linear(x, weight, bias)
+    return F.relu(y) if relu else y
 
 
 def _keep_mask(x: Tensor, p: float) -> tuple[Tensor, float]:
