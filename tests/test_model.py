@@ -80,6 +80,11 @@ def test_linear_runs_large_float32_inference_products_on_onednn():
         assert torch.equal(out, onednn)
         torch.testing.assert_close(out, F.linear(x, w, b), atol=1e-4, rtol=1e-5)
         assert torch.equal(ops.linear(x[:, :1, :16], w[:, :16]), F.linear(x[:, :1, :16], w[:, :16]))  # small
+        # ReLU fused into the product (the FFN at inference), or applied after F.linear
+        relu = ops.linear(x, w, b, relu=True)
+        assert torch.equal(relu, torch.ops.mkldnn._linear_pointwise(x, w, b, "relu", [], ""))
+        torch.testing.assert_close(relu, F.relu(F.linear(x, w, b)), atol=1e-4, rtol=1e-5)
+        assert torch.equal(ops.linear(x[:, :1, :16], w[:, :16], relu=True), F.relu(F.linear(x[:, :1, :16], w[:, :16])))
         assert torch.equal(ops.linear(x[:, 10:20].transpose(0, 1), w, b),  # a non-contiguous input
                            torch.ops.mkldnn._linear_pointwise(x[:, 10:20].transpose(0, 1).contiguous(), w, b,
                                                               "none", [], ""))
