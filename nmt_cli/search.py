@@ -34,7 +34,7 @@ class EnsembleModel:
         first = self.models[0].config
         self.pad, self.vocab_size = first.pad, first.vocab_size
         self.max_positions = min(m.config.max_positions for m in self.models)
-        self.pool = CachePool(keep=2 * len(self.models))  # each model's cache and its reorder buffer
+        self.pool = CachePool(keep=2 * len(self.models))  # each model's cache and the buffer it compacts into
 
     def start(self, src: Tensor, beam: int, max_len: int) -> list[DecoderState]:
         """Encode src (B, S) with every model; decoding state for B x beam hypotheses (give it back with
