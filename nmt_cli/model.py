@@ -240,6 +240,16 @@ class CachePool:
             del self.free[self.keep :]
 
 
+def keep_rows(x: Tensor, order: Tensor) -> Tensor:
+    """x[order] along dim 0, in place: only the rows not already at their place are copied (the rows that
+    stay are read before any is written). Returns the view x[:len(order)]."""
+    n = order.shape[0]
+    moved = (order != torch.arange(n, device=order.device)).nonzero().squeeze(1)
+    if moved.numel():
+        x.index_copy_(0, moved, x.index_select(0, order[moved]))
+    return x[:n]
+
+
 class KVCache:
     """Self-attention keys and values of every decoder layer for B sentences of up to `beam` hypotheses each,
     preallocated: (B, max_len * beam, layers, 2, h, dk), the `beam` slots of step 0, then those of step 1, ...
@@ -248,16 +258,15 @@ class KVCache:
     reordering does not copy the cache. Instead each row keeps an ancestry mask over its sentence's slots
     (the slots of the hypotheses it descends from, one per step), and self-attention runs per sentence: its
     `beam` queries over all its slots, each query masked to its own ancestry. The same keys as a per-row
-    cache, read once per sentence and step; only the (N, max_len * beam) mask is reordered. Sentences that
-    finish are dropped with one `index_select` into a second buffer (swapped in). With a `pool`, both buffers
-    come from it, and `release` gives them back.
+    cache, read once per sentence and step; only the (N, max_len * beam) mask is reordered. When sentences
+    finish, the ones that take their places are copied there (`keep_rows`). With a `pool`, the buffer comes
+    from it, and `release` gives it back.
     """
 
     def __init__(self, sentences: int, beam: int, layers: int, heads: int, max_len: int, dk: int,
                  dtype: torch.dtype, device: torch.device, pool: CachePool | None = None) -> None:
         self.pool, self.flats = pool, []  # the flat buffers the views below live in
         self.buffer = self._allocate((sentences, max_len * beam, layers, 2, heads, dk), dtype, device)
-        self.spare: Tensor | None = None  # the target of dropping sentences, allocated on first use
         # Row r's slots: the first (length + 1) * beam columns are in use.
         self.ancestry = torch.zeros(sentences * beam if beam > 1 else 0, max_len * beam, dtype=torch.bool,
                                     device=device)
@@ -275,7 +284,7 @@ class KVCache:
         """Give the buffers back to the pool (the cache is unusable afterwards)."""
         if self.pool:
             self.pool.give(self.flats)
-        self.flats, self.buffer, self.spare = [], None, None  # type: ignore[assignment]
+        self.flats, self.buffer = [], None  # type: ignore[assignment]
 
     def start_step(self, rows: int) -> None:
         """Begin a step of `rows` rows, `rows / sentences` per sentence (beam search's first step may decode one
@@ -317,12 +326,8 @@ class KVCache:
         if self.beam > 1:
             self.ancestry = self.ancestry.index_select(0, rows)
         if sentences is not None:
-            slots, n = self.length * self.beam, sentences.shape[0]
-            if self.spare is None:
-                self.spare = self._allocate(self.buffer.shape, self.buffer.dtype, self.buffer.device)
-            torch.index_select(self.buffer[: self.sentences, :slots], 0, sentences, out=self.spare[:n, :slots])
-            self.buffer, self.spare = self.spare, self.buffer
-            self.sentences = n
+            keep_rows(self.buffer[: self.sentences, : self.length * self.beam], sentences)
+            self.sentences = sentences.shape[0]
 
 
 class DecoderLayer(nn.Module):
@@ -376,7 +381,7 @@ class DecoderState:
         """Reorder hypotheses to `rows` (N',); when sentences finished, keep only `sentences` (B',)."""
         self.cache.reorder(rows, sentences)
         if sentences is not None:
-            self.memory_kv = [(k.index_select(0, sentences), v.index_select(0, sentences)) for k, v in self.memory_kv]
+            self.memory_kv = [(keep_rows(k, sentences), keep_rows(v, sentences)) for k, v in self.memory_kv]
             self.src_mask = self.src_mask.index_select(0, sentences)
 
 

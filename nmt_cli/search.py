@@ -34,7 +34,7 @@ class EnsembleModel:
         first = self.models[0].config
         self.pad, self.vocab_size = first.pad, first.vocab_size
         self.max_positions = min(m.config.max_positions for m in self.models)
-        self.pool = CachePool(keep=2 * len(self.models))  # each model's cache and the buffer it compacts into
+        self.pool = CachePool(keep=len(self.models))  # each model's cache
 
     def start(self, src: Tensor, beam: int, max_len: int) -> list[DecoderState]:
         """Encode src (B, S) with every model; decoding state for B x beam hypotheses (give it back with
@@ -83,6 +83,20 @@ class EnsembleModel:
             state.reorder(rows, sentences)
 
 
+def staying_order(done: list[bool], device: torch.device) -> Tensor:
+    """The sentences that stay after the `done` ones leave, in their new order: each leaving sentence's place
+    goes to the last staying one beyond the new batch size, so the others keep their places (and their
+    cached keys and values stay where they are; see `model.keep_rows`)."""
+    order = [i for i, d in enumerate(done) if not d]
+    n = len(order)
+    holes = [i for i in range(n) if done[i]]
+    movers = [i for i in range(n, len(done)) if not done[i]]
+    order = list(range(n))
+    for hole, mover in zip(holes, movers):
+        order[hole] = mover
+    return torch.tensor(order, dtype=torch.long, device=device)
+
+
 def max_lengths(src: Tensor, pad: int, eos: int, a: float, b: int, limit: int) -> Tensor:
     """Per sentence, the most output tokens before </s>: a * source length + b, within the model's positions."""
     src_len = ((src != pad) & (src != eos)).sum(1)
@@ -115,7 +129,7 @@ def greedy_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, max_
             if done.all():
                 break
             if done.any():
-                keep = (~done).nonzero().squeeze(1)
+                keep = staying_order(done.tolist(), src.device)
                 ensemble.reorder(states, keep, keep)
                 active, tokens = active[keep], tokens[keep]
     finally:
@@ -185,7 +199,7 @@ def beam_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, beam: 
             done = torch.tensor(done)
             if bool(done.all()):
                 break
-            keep = (~done).nonzero().squeeze(1).to(device)  # (B'',)
+            keep = staying_order(done.tolist(), device)  # (B'',)
             rows = ((keep * width).unsqueeze(1) + open_beam[keep]).view(-1)  # (B'' * beam,)
             history = torch.cat([history.index_select(0, rows), open_token[keep].view(-1, 1)], dim=1)
             scores = open_scores[keep]

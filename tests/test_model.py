@@ -291,6 +291,22 @@ def test_topk_rows_with_ties_and_infinities(monkeypatch):
     assert torch.equal(x.gather(1, columns), values) and all(len(set(row)) == 8 for row in columns.tolist())
 
 
+def test_finished_sentences_leave_by_moving_only_the_last_staying_ones():
+    from nmt_cli.model import keep_rows
+    from nmt_cli.search import staying_order
+
+    done = [False, True, False, True, False, False, True, False]
+    order = staying_order(done, torch.device("cpu"))
+    assert order.tolist() == [0, 5, 2, 7, 4]  # places 1 and 3 go to 5 and 7, the staying ones beyond 5
+    x = torch.arange(8 * 6, dtype=torch.float32).view(8, 2, 3)[:, :, :2]  # a strided view, as the cache's
+    expected = x[order].clone()
+    kept = keep_rows(x, order)
+    assert torch.equal(kept, expected) and kept.data_ptr() == x.data_ptr()
+    shuffled = torch.randperm(8)[:5]  # any order works, moving every row not already in place
+    y = torch.randn(8, 3)
+    assert torch.equal(keep_rows(y.clone(), shuffled), y[shuffled])
+
+
 @pytest.mark.parametrize("pre_norm", [False, True])
 def test_reordering_moves_only_ancestry_and_matches_recomputation(pre_norm):
     """Random backpointers at every step, from a one-row first step: each row's cached output equals the
