@@ -87,8 +87,7 @@ def staying_order(done: list[bool], device: torch.device) -> Tensor:
     """The sentences that stay after the `done` ones leave, in their new order: each leaving sentence's place
     goes to the last staying one beyond the new batch size, so the others keep their places (and their
     cached keys and values stay where they are; see `model.keep_rows`)."""
-    order = [i for i, d in enumerate(done) if not d]
-    n = len(order)
+    n = len(done) - sum(done)
     holes = [i for i in range(n) if done[i]]
     movers = [i for i in range(n, len(done)) if not done[i]]
     order = list(range(n))
