@@ -265,26 +265,22 @@ class KVCache:
 
     def __init__(self, sentences: int, beam: int, layers: int, heads: int, max_len: int, dk: int,
                  dtype: torch.dtype, device: torch.device, pool: CachePool | None = None) -> None:
-        self.pool, self.flats = pool, []  # the flat buffers the views below live in
-        self.buffer = self._allocate((sentences, max_len * beam, layers, 2, heads, dk), dtype, device)
+        shape = (sentences, max_len * beam, layers, 2, heads, dk)
+        self.pool, numel = pool, math.prod(shape)
+        self.flat = pool.take(numel, dtype, device) if pool else torch.empty(numel, dtype=dtype, device=device)
+        self.buffer = self.flat[:numel].view(shape)
         # Row r's slots: the first (length + 1) * beam columns are in use.
         self.ancestry = torch.zeros(sentences * beam if beam > 1 else 0, max_len * beam, dtype=torch.bool,
                                     device=device)
         self.sentences, self.beam, self.width = sentences, beam, beam  # width: rows (hypotheses) per sentence
         self.length = 0  # steps filled
-        self._own: dict[tuple[int, int], Tensor] = {}  # (rows, width) -> row r owns slot r % width
-
-    def _allocate(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
-        numel = math.prod(shape)
-        flat = self.pool.take(numel, dtype, device) if self.pool else torch.empty(numel, dtype=dtype, device=device)
-        self.flats.append(flat)
-        return flat[:numel].view(shape)
+        self._eye: dict[int, Tensor] = {}  # width -> (width, width): a sentence's row j owns its slot j
 
     def release(self) -> None:
-        """Give the buffers back to the pool (the cache is unusable afterwards)."""
+        """Give the buffer back to the pool (the cache is unusable afterwards)."""
         if self.pool:
-            self.pool.give(self.flats)
-        self.flats, self.buffer = [], None  # type: ignore[assignment]
+            self.pool.give([self.flat])
+        self.flat = self.buffer = None  # type: ignore[assignment]
 
     def start_step(self, rows: int) -> None:
         """Begin a step of `rows` rows, `rows / sentences` per sentence (beam search's first step may decode one
@@ -298,10 +294,10 @@ class KVCache:
         self.width = width
         if self.beam == 1:  # one hypothesis per sentence: it attends to every slot, no ancestry to keep
             return
-        if (rows, width) not in self._own:
-            self._own[rows, width] = torch.eye(width, dtype=torch.bool, device=self.ancestry.device).repeat(
-                self.sentences, 1)
-        self.ancestry[:rows, t * self.beam : t * self.beam + width] = self._own[rows, width]
+        if width not in self._eye:
+            self._eye[width] = torch.eye(width, dtype=torch.bool, device=self.ancestry.device)
+        own = self.ancestry[:rows, t * self.beam : t * self.beam + width].view(self.sentences, width, width)
+        own.copy_(self._eye[width])
 
     def append(self, layer: int, kv: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """Store one layer's keys and values of the current step, kv (B, width, 2 * d) as in_proj stacks them.

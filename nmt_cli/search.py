@@ -195,10 +195,9 @@ def beam_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, beam: 
                     hyps.sort(key=lambda h: -h.score)
                     del hyps[beam:]
                 done.append(not math.isfinite(best) or (len(hyps) >= nbest and bound <= hyps[nbest - 1].score))
-            done = torch.tensor(done)
-            if bool(done.all()):
+            if all(done):
                 break
-            keep = staying_order(done.tolist(), device)  # (B'',)
+            keep = staying_order(done, device)  # (B'',)
             rows = ((keep * width).unsqueeze(1) + open_beam[keep]).view(-1)  # (B'' * beam,)
             history = torch.cat([history.index_select(0, rows), open_token[keep].view(-1, 1)], dim=1)
             scores = open_scores[keep]
