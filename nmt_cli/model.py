@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .errors import NmtError
-from .ops import dropout, linear, relu_dropout
+from .ops import PackedWeight, dropout, linear, relu_dropout
 
 
 @dataclass(frozen=True)
@@ -99,10 +99,12 @@ def explicit_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = No
 
 
 class Linear(nn.Linear):
-    """nn.Linear through `ops.linear` (oneDNN for large float32 inference products on CPU)."""
+    """nn.Linear through `ops.linear` (oneDNN, with its packed weight, for large inference products on CPU)."""
 
-    def forward(self, x: Tensor) -> Tensor:
-        return linear(x, self.weight, self.bias)
+    packed: PackedWeight | None = None  # see Transformer.pack_weights
+
+    def forward(self, x: Tensor, relu: bool = False) -> Tensor:
+        return linear(x, self.weight, self.bias, relu, self.packed)
 
 
 class MultiHeadAttention(nn.Module):
@@ -113,6 +115,8 @@ class MultiHeadAttention(nn.Module):
         self.heads, self.dk, self.dropout = heads, d_model // heads, dropout
         self.in_proj = Linear(d_model, 3 * d_model)  # W^Q, W^K, W^V stacked
         self.out_proj = Linear(d_model, d_model)
+        self.packed_q: PackedWeight | None = None  # W^Q alone (cross-attention), see Transformer.pack_weights
+        self.packed_kv: PackedWeight | None = None  # W^K and W^V together
 
     def _split(self, x: Tensor) -> Tensor:  # (B, L, d) -> (B, h, L, dk)
         return x.unflatten(-1, (self.heads, self.dk)).transpose(1, 2)
@@ -131,12 +135,12 @@ class MultiHeadAttention(nn.Module):
 
     def project_q(self, x: Tensor) -> Tensor:
         d = self.heads * self.dk
-        return self._split(linear(x, self.in_proj.weight[:d], self.in_proj.bias[:d]))
+        return self._split(linear(x, self.in_proj.weight[:d], self.in_proj.bias[:d], packed=self.packed_q))
 
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values of cross-attention over the encoder output, each (B, h, S, dk)."""
         d = self.heads * self.dk
-        k, v = linear(memory, self.in_proj.weight[d:], self.in_proj.bias[d:]).chunk(2, dim=-1)
+        k, v = linear(memory, self.in_proj.weight[d:], self.in_proj.bias[d:], packed=self.packed_kv).chunk(2, dim=-1)
         return self._split(k), self._split(v)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
@@ -169,7 +173,7 @@ class PositionwiseFeedForward(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.training and self.activation_dropout > 0:
             return self.w2(relu_dropout(self.w1(x), self.activation_dropout, self.training))
-        return self.w2(linear(x, self.w1.weight, self.w1.bias, relu=True))  # ReLU fused into oneDNN's product
+        return self.w2(self.w1(x, relu=True))  # ReLU fused into oneDNN's product
 
 
 class SublayerConnection(nn.Module):
@@ -388,6 +392,7 @@ class Transformer(nn.Module):
         super().__init__()
         c = self.config = config
         self.embed = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad)
+        self.packed_output: PackedWeight | None = None  # the embedding matrix as the output layer's weight
         self.register_buffer("positions", sinusoidal_positions(c.max_positions, c.d_model), persistent=False)
         self.encoder = nn.ModuleList(EncoderLayer(c) for _ in range(c.layers))
         self.decoder = nn.ModuleList(DecoderLayer(c) for _ in range(c.layers))
@@ -405,6 +410,29 @@ class Transformer(nn.Module):
         nn.init.normal_(self.embed.weight, mean=0.0, std=self.config.d_model**-0.5)
         with torch.no_grad():
             self.embed.weight[self.config.pad].zero_()
+
+    def pack_weights(self) -> Transformer:
+        """Keep oneDNN's packed copies of the weights for CPU inference products (`ops.PackedWeight`: 5-10%
+        faster beam search at 64 sentences, more on few rows), for a model whose weights no longer change;
+        each copy is made on first use and follows in-place writes that PyTorch counts (`load_state_dict`).
+        Fused optimizers' updates are not counted: `train()` drops the copies."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.packed = PackedWeight()
+            elif isinstance(module, MultiHeadAttention):
+                module.packed_q, module.packed_kv = PackedWeight(), PackedWeight()
+        self.packed_output = PackedWeight()
+        return self
+
+    def train(self, mode: bool = True) -> Transformer:
+        if mode:
+            for module in self.modules():
+                if isinstance(module, Linear):
+                    module.packed = None
+                elif isinstance(module, MultiHeadAttention):
+                    module.packed_q = module.packed_kv = None
+            self.packed_output = None
+        return super().train(mode)
 
     def _embed(self, tokens: Tensor, offset: int = 0) -> Tensor:
         c = self.config
@@ -435,7 +463,7 @@ class Transformer(nn.Module):
 
     def logits(self, hidden: Tensor) -> Tensor:
         """Output projection with the shared embedding matrix: (..., d) -> (..., V)."""
-        return linear(hidden, self.embed.weight)
+        return linear(hidden, self.embed.weight, packed=self.packed_output)
 
     def forward(self, src: Tensor, prev_output: Tensor) -> Tensor:
         """Decoder hidden states (B, T, d) for teacher forcing; apply `logits` to the positions you need."""

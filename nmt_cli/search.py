@@ -63,7 +63,8 @@ class EnsembleModel:
         if len(self.models) == 1:
             model = self.models[0]
             hidden = model.decode_step(tokens, states[0])  # (N, d)
-            top, index, scores = linear_log_softmax_topk(hidden, model.embed.weight, k, exclude=(pad, bos))
+            top, index, scores = linear_log_softmax_topk(hidden, model.embed.weight, k, exclude=(pad, bos),
+                                                         packed=model.packed_output)
         else:
             lprobs = [torch.log_softmax(m.logits(m.decode_step(tokens, s)).float(), dim=-1)
                       for m, s in zip(self.models, states)]

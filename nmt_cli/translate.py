@@ -55,7 +55,7 @@ class Translator(TextTranslator):
             model, vocab = model_from_checkpoint(state)
             if precision != "fp32":
                 model = model.to(PRECISIONS.get(precision, torch.float32))
-            models.append(model.to(dev))
+            models.append(model.to(dev).pack_weights())
         assert first is not None
         normalize = bool((first.get("tokenizer") or {}).get("normalize_punctuation", False))
         return cls(models, vocab, first["bpe_codes"], first["source_lang"], first["target_lang"], dev, precision,

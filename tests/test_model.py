@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -70,8 +71,8 @@ def test_cached_decoding_with_beam_reorder():
 
 @pytest.mark.skipif(not ops._ONEDNN_LINEAR, reason="this PyTorch build has no oneDNN")
 def test_linear_runs_large_float32_inference_products_on_onednn():
-    """ops.linear: oneDNN for float32 without gradients from ONEDNN_MIN_MACS multiply-adds up; F.linear
-    otherwise (small products, gradients, bf16, autocast), so training and its gradients never change."""
+    """ops.linear: oneDNN for float32 and bfloat16 without gradients from ONEDNN_MIN_MACS multiply-adds up;
+    F.linear otherwise (small products, gradients, autocast), so training and its gradients never change."""
     torch.manual_seed(0)
     x, w, b = torch.randn(2, 150, 256), torch.randn(1024, 256), torch.randn(1024)
     onednn = torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
@@ -97,6 +98,42 @@ def test_linear_runs_large_float32_inference_products_on_onednn():
     assert torch.equal(out, F.linear(x, w, b))
     out.sum().backward()
     torch.testing.assert_close(w.grad, x.reshape(-1, 256).sum(0).expand(1024, -1), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.skipif(not ops._ONEDNN_LINEAR, reason="this PyTorch build has no oneDNN")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_weights_follow_their_weight(dtype, monkeypatch):
+    """`linear` with a PackedWeight gives what it gives without one, for any row count and input layout; the
+    packed copy is remade when the weight is written in place or replaced, a copied model packs its own, and
+    a model set to train again drops them."""
+    torch.manual_seed(0)
+    x, w, b = torch.randn(3, 40, 256, dtype=dtype), torch.randn(1024, 256, dtype=dtype), torch.randn(1024, dtype=dtype)
+    packed = ops.PackedWeight()
+    with torch.no_grad():
+        for rows in (x, x[0], x[0, :5], x[:, 7:9].transpose(0, 1)):
+            assert torch.equal(ops.linear(rows, w, b, relu=True, packed=packed), ops.linear(rows, w, b, relu=True))
+            torch.testing.assert_close(ops.linear(rows, w, b, packed=packed), F.linear(rows, w, b),
+                                       atol=1e-4 if dtype == torch.float32 else 0.1, rtol=1e-2)
+        w.mul_(-1)  # in place: the same storage, a new version
+        assert torch.equal(ops.linear(x, w, b, packed=packed), ops.linear(x, w, b))
+        other = torch.randn(1024, 256, dtype=dtype)
+        assert torch.equal(ops.linear(x, other, b, packed=packed), ops.linear(x, other, b))
+
+    monkeypatch.setattr(ops, "ONEDNN_MIN_MACS", 0)  # the tiny model's products too
+    model = _model(vocab=5000).to(dtype).pack_weights()
+    tokens, hidden = torch.randint(4, 5000, (2, 6)), torch.randn(300, 64, dtype=dtype)
+    with torch.no_grad():
+        before = model(tokens, tokens), model.logits(hidden)
+        assert model.packed_output.packed is not None and model.decoder[0].feed_forward.w1.packed.packed is not None
+        model.load_state_dict({k: -v for k, v in model.state_dict().items()})
+        after = model(tokens, tokens), model.logits(hidden)
+        assert torch.equal(after[1], -before[1])
+        twin = copy.deepcopy(model)
+        assert twin.packed_output.packed is None
+        assert torch.equal(twin.logits(hidden), after[1]) and torch.equal(twin(tokens, tokens), after[0])
+        model.train()  # training again (fused optimizers write weights unseen): the packed copies are gone
+        assert model.packed_output is None and model.decoder[0].cross_attn.packed_q is None
+        assert model.decoder[0].feed_forward.w1.packed is None
 
 
 def test_shared_embeddings_and_presets():
