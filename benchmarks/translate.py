@@ -73,7 +73,8 @@ def main() -> list[list]:
 
 def engine_rows(args) -> list[list]:
     """Beam 4 and greedy, batch 64 and 1, of one engine: fp32 or bf16 (nmt), or `exported` (CTranslate2,
-    without importing torch)."""
+    without importing torch; at batch 64 also with one call per batch, CTranslate2's native batching, where
+    nmt's per-sentence length limits make one call per distinct limit)."""
 
     sources = flickr_test_sources()
     if args.engine_rows == "exported":
@@ -88,20 +89,25 @@ def engine_rows(args) -> list[list]:
         label = args.engine_rows
     translator.translate(sources[:64])  # warm-up
     rows = []
-    for greedy in (False, True):
-        for batch_size in (64, 1):
-            subset = sources if batch_size > 1 else sources[: args.batch1_sentences]
-            runs = []
-            for _ in range(max(1, args.repeat)):
-                translator.generated_tokens = 0
-                start = time.perf_counter()
-                out = translator.translate(subset, beam=4, greedy=greedy, batch_size=batch_size)
-                runs.append(time.perf_counter() - start)
-                assert len(out) == len(subset)
-            tokens = translator.generated_tokens
-            rows.append([("greedy" if greedy else "beam 4"), batch_size, label, len(subset),
-                         round(len(subset) / runs[0], 1), round(len(subset) / min(runs), 1),
-                         round(tokens / min(runs), 1)])
+    configurations = [(greedy, batch_size, True) for greedy in (False, True) for batch_size in (64, 1)]
+    if args.engine_rows == "exported":
+        configurations += [(False, 64, False), (True, 64, False)]
+    for greedy, batch_size, per_sentence_limits in configurations:
+        if args.engine_rows == "exported":
+            translator.per_sentence_limits = per_sentence_limits
+        subset = sources if batch_size > 1 else sources[: args.batch1_sentences]
+        runs = []
+        for _ in range(max(1, args.repeat)):
+            translator.generated_tokens = 0
+            start = time.perf_counter()
+            out = translator.translate(subset, beam=4, greedy=greedy, batch_size=batch_size)
+            runs.append(time.perf_counter() - start)
+            assert len(out) == len(subset)
+        tokens = translator.generated_tokens
+        engine = label if per_sentence_limits else label + ", one call per batch"
+        rows.append([("greedy" if greedy else "beam 4"), batch_size, engine, len(subset),
+                     round(len(subset) / runs[0], 1), round(len(subset) / min(runs), 1),
+                     round(tokens / min(runs), 1)])
     return rows
 
 
