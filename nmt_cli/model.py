@@ -416,23 +416,24 @@ class Transformer(nn.Module):
         faster beam search at 64 sentences, more on few rows), for a model whose weights no longer change;
         each copy is made on first use and follows in-place writes that PyTorch counts (`load_state_dict`).
         Fused optimizers' updates are not counted: `train()` drops the copies."""
-        for module in self.modules():
-            if isinstance(module, Linear):
-                module.packed = PackedWeight()
-            elif isinstance(module, MultiHeadAttention):
-                module.packed_q, module.packed_kv = PackedWeight(), PackedWeight()
-        self.packed_output = PackedWeight()
+        self._set_packing(True)
         return self
 
     def train(self, mode: bool = True) -> Transformer:
         if mode:
-            for module in self.modules():
-                if isinstance(module, Linear):
-                    module.packed = None
-                elif isinstance(module, MultiHeadAttention):
-                    module.packed_q = module.packed_kv = None
-            self.packed_output = None
+            self._set_packing(False)
         return super().train(mode)
+
+    def _set_packing(self, on: bool) -> None:
+        def make() -> PackedWeight | None:
+            return PackedWeight() if on else None
+
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.packed = make()
+            elif isinstance(module, MultiHeadAttention):
+                module.packed_q, module.packed_kv = make(), make()
+        self.packed_output = make()
 
     def _embed(self, tokens: Tensor, offset: int = 0) -> Tensor:
         c = self.config
