@@ -137,11 +137,13 @@ class CTranslate2Translator(TextTranslator):
     The length penalty is CTranslate2's own (score / |Y|^alpha), not nmt's GNMT penalty; with --lenpen 0 both
     rank hypotheses by plain log-probability.
 
-    nmt's length limit is per sentence and CTranslate2's per call, so each batch runs as one call per distinct
-    limit; that costs CTranslate2 ~20% of its speed on Multi30k's sorted batches of 64 (45 calls instead of 16
-    for the 1,000 test sentences). `per_sentence_limits = False` runs one call per batch with the batch's
-    largest limit instead, as CTranslate2's own users would: the same output unless a sentence's search
-    reaches its own limit (benchmarks use it for CTranslate2's native speed).
+    nmt's length limit is per sentence and CTranslate2's per call. A batch runs as one call under its largest
+    limit, and the few sentences whose search may have reached their own limit run again under it (see
+    `search`); without a length penalty (where that check does not hold) as one call per distinct limit,
+    which costs CTranslate2 ~20% of its speed on Multi30k's sorted batches of 64 (45 calls instead of 16 for
+    the 1,000 test sentences). `per_sentence_limits = False` runs one call per batch under the batch's largest
+    limit and nothing again, as CTranslate2's own users would (benchmarks use it for CTranslate2's native
+    speed): the same output unless a sentence's search reaches its own limit.
     """
 
     per_sentence_limits = True
@@ -187,24 +189,42 @@ class CTranslate2Translator(TextTranslator):
 
     def search(self, sources: list[list[int]], beam: int, lenpen: float, max_len_a: float, max_len_b: int,
                greedy: bool, nbest: int) -> list[list[Hyp]]:
-        # One call per distinct limit (see the class docstring).
-        groups: dict[int, list[int]] = {}
-        for row, ids in enumerate(sources):
-            groups.setdefault(self.max_output_tokens(len(ids), max_len_a, max_len_b), []).append(row)
-        if not self.per_sentence_limits:
-            groups = {max(groups): list(range(len(sources)))}
+        limits = [self.max_output_tokens(len(ids), max_len_a, max_len_b) for ids in sources]
         out: list[list[Hyp]] = [[] for _ in sources]
-        index = self.vocab.index
+        todo = list(range(len(sources)))
+        if not self.per_sentence_limits:
+            self._translate(sources, todo, max(limits), beam, lenpen, greedy, nbest, out)
+            return out
+        if len(set(limits)) > 1 and (greedy or lenpen != 0):
+            # One call under the batch's largest limit, and again under its own limit for each sentence whose
+            # search may have reached that limit. CTranslate2 ends a sentence's search at the first step where
+            # it holds `beam` finished hypotheses (with a length penalty; greedy: at </s>), registering at least
+            # one then, and of all it registered returns the best `beam`, which always include one of that last
+            # step's. So when every returned hypothesis is at least 2 tokens shorter than the sentence's own
+            # limit, its search ended before that limit's last step, exactly as a call under its own limit would.
+            # (Without a length penalty it may stop once its top hypothesis finishes: no such guarantee.)
+            self._translate(sources, todo, max(limits), beam, lenpen, greedy, beam if not greedy else 1, out)
+            todo = [r for r in todo if limits[r] < max(limits) and max(len(t) for t, _ in out[r]) >= limits[r] - 1]
+            for r in range(len(sources)):
+                del out[r][nbest:]
+        groups: dict[int, list[int]] = {}
+        for r in todo:
+            groups.setdefault(limits[r], []).append(r)
         for limit, rows in groups.items():
-            results = self.translator.translate_batch(
-                [[self.pieces[i] for i in sources[r]] for r in rows], beam_size=1 if greedy else beam,
-                num_hypotheses=1 if greedy else nbest, length_penalty=0.0 if greedy else lenpen,
-                max_decoding_length=limit,  # output tokens before </s>, as nmt counts them
-                return_scores=True, suppress_sequences=[["<s>"], ["<blank>"]], return_end_token=False)
-            for r, result in zip(rows, results):
-                out[r] = [([index[t] for t in tokens], score) for tokens, score in zip(result.hypotheses,
-                                                                                         result.scores)]
+            self._translate(sources, rows, limit, beam, lenpen, greedy, nbest, out)
         return out
+
+    def _translate(self, sources: list[list[int]], rows: list[int], limit: int, beam: int, lenpen: float,
+                   greedy: bool, nbest: int, out: list[list[Hyp]]) -> None:
+        """CTranslate2's search over `rows` of sources under one length limit; hypotheses into `out`."""
+        results = self.translator.translate_batch(
+            [[self.pieces[i] for i in sources[r]] for r in rows], beam_size=1 if greedy else beam,
+            num_hypotheses=1 if greedy else nbest, length_penalty=0.0 if greedy else lenpen,
+            max_decoding_length=limit,  # output tokens before </s>, as nmt counts them
+            return_scores=True, suppress_sequences=[["<s>"], ["<blank>"]], return_end_token=False)
+        index = self.vocab.index
+        for r, result in zip(rows, results):
+            out[r] = [([index[t] for t in tokens], score) for tokens, score in zip(result.hypotheses, result.scores)]
 
     def token_log_probs(self, sources: list[list[int]], targets: list[list[int]]) -> list[list[float]]:
         """Per-token log-probabilities of each target (ids without </s>; the </s> is scored last)."""

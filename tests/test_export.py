@@ -80,11 +80,43 @@ def test_exported_model_keeps_nmts_length_limit_on_an_untrained_model(multi30k_t
     theirs = ct.search(sources, 1, 0.0, 1.0, 50, True, 1)
     assert [h[0][0] for h in theirs] == [h[0][0] for h in ours]
     assert [len(h[0][0]) for h in ours] == [len(s) + 50 for s in sources]
+    # beam search with a length penalty: one call under the largest limit, then each sentence under its own
+    assert [len(h[0][0]) for h in ct.search(sources, 4, 0.6, 1.0, 50, False, 1)] == [len(s) + 50 for s in sources]
     # CTranslate2's native batching (one call per batch, benchmarks only) gives every sentence the batch's limit
     ct.per_sentence_limits = False
     native = ct.search(sources, 1, 0.0, 1.0, 50, True, 1)
     assert [len(h[0][0]) for h in native] == [max(map(len, sources)) + 50] * len(sources)
 
+
+@pytest.mark.parametrize("beam, lenpen, greedy, nbest", [(4, 0.6, False, 1), (4, 1.0, False, 3), (1, 0.0, True, 1),
+                                                         (4, 0.0, False, 1)])
+def test_one_call_per_batch_gives_what_one_call_per_limit_gives(exported, val, beam, lenpen, greedy, nbest,
+                                                                  monkeypatch):
+    """A batch runs as one CTranslate2 call under its largest limit (again under their own limits for the
+    sentences whose search may have reached it): the same hypotheses as one call per distinct limit, in
+    fewer calls (without a length penalty, one call per limit)."""
+    ct = CTranslate2Translator.from_dir(exported["float32"])
+    sources = ct.encode(val[0][:64])
+    limits = [ct.max_output_tokens(len(s), 0.5, 3) for s in sources]  # short limits: some searches reach them
+    calls = []
+    real = ct.translator.translate_batch
+    monkeypatch.setattr(ct, "translator", type("Counted", (), {"translate_batch": lambda self, batch, **kw: (
+        calls.append(len(batch)), real(batch, **kw))[1]})())
+    ours = ct.search(sources, beam, lenpen, 0.5, 3, greedy, nbest)
+    ours_calls = calls[:]
+    per_limit: list = [None] * len(sources)
+    for limit in sorted(set(limits)):
+        ct._translate(sources, [r for r in range(len(sources)) if limits[r] == limit], limit, beam, lenpen, greedy,
+                      nbest, per_limit)
+    # the same hypotheses; scores to float32 rounding (batches of other sizes sum in another order)
+    assert [[h[0] for h in hyps] for hyps in ours] == [[h[0] for h in hyps] for hyps in per_limit]
+    assert max(abs(a[1] - b[1]) for x, y in zip(ours, per_limit) for a, b in zip(x, y)) < 1e-4
+    assert [len(h) for h in ours] == [nbest] * len(sources)
+    assert all(len(h[0][0]) <= limit for h, limit in zip(ours, limits))
+    if lenpen == 0 and not greedy:
+        assert sorted(ours_calls) == sorted(limits.count(x) for x in set(limits))
+    else:  # all sentences at once, then fewer again than the limits' groups would hold
+        assert ours_calls[0] == len(sources) and sum(ours_calls[1:]) < len(sources) and len(set(limits)) > 2
 
 def test_int8_export_stays_close_to_fp32(exported, val):
     """int8 weights: the translations agree with the fp32 export's at >= 60 BLEU (measured: ~90) and score
