@@ -73,6 +73,10 @@ class Batcher:
         self.translated_sentences = 0
         self.batches = 0
         self.translate_seconds = 0.0  # time the translator thread spent translating
+        # Sentences that were waiting for an answer or arrived during the last batch: how many to wait for.
+        self.expected = 0
+        self._running = False
+        self._arrived_while_running = 0
         self._wakeup = asyncio.Event()
         self._executor = executor or translator_thread()
 
@@ -83,6 +87,8 @@ class Batcher:
         job = _Job(sentences, options, asyncio.get_running_loop().create_future())
         self.queue.append(job)
         self.queued_sentences += job.size
+        if self._running:
+            self._arrived_while_running += job.size
         self._wakeup.set()
         return job
 
@@ -113,13 +119,13 @@ class Batcher:
             while not self.queue:
                 self._wakeup.clear()
                 await self._wakeup.wait()
-            if self.queued_sentences < self.limits.max_batch and self.limits.batch_wait_ms > 0:
-                await asyncio.sleep(self.limits.batch_wait_ms / 1000)
+            await self._gather()
             batch = self._take_batch()
             if not batch:
                 continue
             sentences = [s for job in batch for s in job.sentences]
             options = dict(batch[0].options)
+            self._running, self._arrived_while_running = True, 0
             try:
                 translations = await loop.run_in_executor(self._executor, self._translate, sentences, options)
             except Exception as e:  # bad options reach here as NmtError; anything else is the server's fault
@@ -134,6 +140,23 @@ class Batcher:
                     start += job.size
                 self.translated_sentences += len(sentences)
                 self.batches += 1
+            finally:
+                self._running = False
+                self.expected = len(sentences) + self._arrived_while_running
+
+    async def _gather(self) -> None:
+        """Wait for company: up to `batch_wait_ms`, but no longer once as many sentences are queued as the last
+        batch answered plus those that arrived during it (clients that send again when answered are back;
+        one client alone is not kept waiting). Before any batch, the whole `batch_wait_ms`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.limits.batch_wait_ms / 1000
+        target = min(self.limits.max_batch, self.expected or self.limits.max_batch)
+        while self.queued_sentences < target and loop.time() < deadline:
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), deadline - loop.time())
+            except asyncio.TimeoutError:
+                return
 
     def _translate(self, sentences: list[str], options: dict) -> list[str]:
         start = time.perf_counter()

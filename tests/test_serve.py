@@ -92,6 +92,37 @@ def test_concurrent_clients_get_their_own_translations_batched_together(translat
         assert body["translations"] == translator.translate(sentences[:5], beam=2)
 
 
+def test_a_batch_waits_only_until_the_last_batchs_clients_are_back(translator, sentences):
+    """Clients that send again when answered: the first batch waits the whole --batch-wait-ms for company,
+    later ones only until as many sentences are queued as the last batch answered; one client alone is not
+    kept waiting."""
+    wait = 1.5
+    with Server(translator, ServeLimits(max_batch=16, batch_wait_ms=wait * 1000)) as server:
+        def client(i: int) -> list[float]:
+            times = []
+            for round_ in range(3):
+                start = time.perf_counter()
+                status, body = server.post({"text": [sentences[4 * round_ + i]], "greedy": True})
+                assert status == 200 and body["translations"] == translator.translate(
+                    [sentences[4 * round_ + i]], greedy=True)
+                times.append(time.perf_counter() - start)
+            return times
+
+        with ThreadPoolExecutor(4) as pool:
+            times = list(pool.map(client, range(4)))
+        assert all(t[0] >= wait for t in times)  # no history yet: the first batch waited for company
+        assert all(max(t[1:]) < wait / 2 for t in times), times  # then only until the 4 clients were back
+        health = server.get("/health")[1]
+        assert health["translated_sentences"] == 12 and health["batches"] == 3
+    with Server(translator, ServeLimits(max_batch=16, batch_wait_ms=wait * 1000)) as server:
+        timed = []
+        for sentence in sentences[:3]:
+            start = time.perf_counter()
+            assert server.post({"text": [sentence]})[0] == 200
+            timed.append(time.perf_counter() - start)
+        assert timed[0] >= wait and max(timed[1:]) < wait / 2, timed
+
+
 @pytest.mark.parametrize("body,status,fragment", [
     (b"{not json", 400, "not JSON"),
     (b'{"text": ["caf\xe9"]}', 400, "not UTF-8"),
