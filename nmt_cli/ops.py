@@ -1,6 +1,6 @@
 """Hot-path building blocks, written for speed: dropout, the fused output-projection loss, the output
-layer of a decoding step (log-softmax + a top-k that ranks group maxima first), and float32 inference
-matrix products.
+layer of a decoding step (log-softmax + a top-k that ranks group maxima first), and inference matrix
+products on oneDNN with packed weights (`linear`, `PackedWeight`).
 
 Profiling a CPU training step showed dropout's `bernoulli_` and the (tokens x vocabulary) logits
 (allocation, log-softmax, their backward) each costing about as much as all the matrix products; in beam
