@@ -192,8 +192,9 @@ class CTranslate2Translator(TextTranslator):
         limits = [self.max_output_tokens(len(ids), max_len_a, max_len_b) for ids in sources]
         out: list[list[Hyp]] = [[] for _ in sources]
         todo = list(range(len(sources)))
+        longest = max(limits)
         if not self.per_sentence_limits:
-            self._translate(sources, todo, max(limits), beam, lenpen, greedy, nbest, out)
+            self._translate(sources, todo, longest, beam, lenpen, greedy, nbest, out)
             return out
         if len(set(limits)) > 1 and (greedy or lenpen != 0):
             # One call under the batch's largest limit, and again under its own limit for each sentence whose
@@ -203,8 +204,8 @@ class CTranslate2Translator(TextTranslator):
             # step's. So when every returned hypothesis is at least 2 tokens shorter than the sentence's own
             # limit, its search ended before that limit's last step, exactly as a call under its own limit would.
             # (Without a length penalty it may stop once its top hypothesis finishes: no such guarantee.)
-            self._translate(sources, todo, max(limits), beam, lenpen, greedy, beam if not greedy else 1, out)
-            todo = [r for r in todo if limits[r] < max(limits) and max(len(t) for t, _ in out[r]) >= limits[r] - 1]
+            self._translate(sources, todo, longest, beam, lenpen, greedy, beam if not greedy else 1, out)
+            todo = [r for r in todo if limits[r] < longest and max(len(t) for t, _ in out[r]) >= limits[r] - 1]
             for r in range(len(sources)):
                 del out[r][nbest:]
         groups: dict[int, list[int]] = {}

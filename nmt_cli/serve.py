@@ -75,8 +75,7 @@ class Batcher:
         self.translate_seconds = 0.0  # time the translator thread spent translating
         # Sentences that were waiting for an answer or arrived during the last batch: how many to wait for.
         self.expected = 0
-        self._running = False
-        self._arrived_while_running = 0
+        self._arrived = 0  # sentences submitted since the current (or last) batch began
         self._wakeup = asyncio.Event()
         self._executor = executor or translator_thread()
 
@@ -87,8 +86,7 @@ class Batcher:
         job = _Job(sentences, options, asyncio.get_running_loop().create_future())
         self.queue.append(job)
         self.queued_sentences += job.size
-        if self._running:
-            self._arrived_while_running += job.size
+        self._arrived += job.size
         self._wakeup.set()
         return job
 
@@ -125,7 +123,7 @@ class Batcher:
                 continue
             sentences = [s for job in batch for s in job.sentences]
             options = dict(batch[0].options)
-            self._running, self._arrived_while_running = True, 0
+            self._arrived = 0
             try:
                 translations = await loop.run_in_executor(self._executor, self._translate, sentences, options)
             except Exception as e:  # bad options reach here as NmtError; anything else is the server's fault
@@ -141,8 +139,7 @@ class Batcher:
                 self.translated_sentences += len(sentences)
                 self.batches += 1
             finally:
-                self._running = False
-                self.expected = len(sentences) + self._arrived_while_running
+                self.expected = len(sentences) + self._arrived
 
     async def _gather(self) -> None:
         """Wait for company: up to `batch_wait_ms`, but no longer once as many sentences are queued as the last
