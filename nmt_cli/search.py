@@ -139,12 +139,15 @@ def greedy_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, max_
 
 @torch.inference_mode()
 def beam_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, beam: int = 4, lenpen: float = 0.6,
-                max_len_a: float = 1.0, max_len_b: int = 50, nbest: int = 1) -> list[list[Hypothesis]]:
+                max_len_a: float = 1.0, max_len_b: int = 50, nbest: int = 1,
+                exhaustive: bool = False) -> list[list[Hypothesis]]:
     """Batched beam search; src (B, S) -> the `nbest` best finished hypotheses per sentence, best first.
 
     A hypothesis's score is its log-probability divided by the GNMT length penalty of its length
-    (</s> included). A sentence stops when no open hypothesis can still beat its `nbest`-th finished one:
-    an open hypothesis with log-probability s can at best reach s / lp(max length), since s only falls.
+    (</s> included). A sentence stops once it holds `beam` finished hypotheses (the rule of fairseq and
+    CTranslate2), or sooner when no open hypothesis can still beat its `nbest`-th finished one, which
+    changes nothing in the result: an open hypothesis with log-probability s can at best reach
+    s / lp(max length), since s only falls. `exhaustive` searches until only that bound stops it.
     """
     nbest = min(nbest, beam)
     bsz, device = src.shape[0], src.device
@@ -186,16 +189,19 @@ def beam_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, beam: 
             open_scores, pick = open_scores.topk(beam, dim=1)  # (B', beam)
             open_beam, open_token = top_beam.gather(1, pick), top_token.gather(1, pick)
 
-            # A sentence is done when no open hypothesis can beat its nbest-th finished one.
+            # A sentence is done with `beam` finished hypotheses (unless exhaustive), or when no open
+            # hypothesis can beat its nbest-th finished one.
             best_open = open_scores[:, 0]
             bounds = (best_open / length_penalty(limits[active].float() + 1, lenpen)).tolist()
             done = []
             for sentence, best, bound in zip(active.tolist(), best_open.tolist(), bounds):
                 hyps = finished[sentence]
+                enough = len(hyps) >= beam and not exhaustive
                 if len(hyps) >= nbest:
                     hyps.sort(key=lambda h: -h.score)
                     del hyps[beam:]
-                done.append(not math.isfinite(best) or (len(hyps) >= nbest and bound <= hyps[nbest - 1].score))
+                done.append(enough or not math.isfinite(best)
+                            or (len(hyps) >= nbest and bound <= hyps[nbest - 1].score))
             if all(done):
                 break
             keep = staying_order(done, device)  # (B'',)

@@ -77,6 +77,57 @@ def _exhaustive_best(model: Transformer, src: torch.Tensor, max_tokens: int, len
     return best
 
 
+def _fairseq_beam_search(model: Transformer, src: torch.Tensor, beam: int, lenpen: float, limit: int):
+    """Beam search the plain way, one sentence, every prefix rescored from scratch: each step the 2 * beam best
+    continuations; </s> among the best `beam` finishes a hypothesis, the best `beam` others stay open; stop
+    with `beam` finished (fairseq's rule). At the limit, only </s>. Returns the best (score, tokens)."""
+    memory, mask = model.encode(src)
+    open_hyps: list[tuple[float, list[int]]] = [(0.0, [])]
+    finished: list[tuple[float, list[int]]] = []
+    for step in range(limit + 1):
+        candidates = []
+        for logp, tokens in open_hyps:
+            prev = torch.tensor([[1, *tokens]])
+            lprobs = torch.log_softmax(model.logits(model.decode(prev, memory, mask))[0, -1], -1)
+            allowed = [2] if step == limit else range(2, model.config.vocab_size)  # never <pad> or <s>
+            candidates += [(logp + float(lprobs[tok]), tokens, tok) for tok in allowed]
+        candidates.sort(key=lambda c: -c[0])
+        for logp, tokens, tok in candidates[:beam]:
+            if tok == 2 and len(finished) < beam:
+                finished.append((logp / length_penalty(step + 1, lenpen), tokens))
+        open_hyps = [(logp, [*tokens, tok]) for logp, tokens, tok in candidates[: 2 * beam] if tok != 2][:beam]
+        if len(finished) >= beam or not open_hyps:
+            break
+    return max(finished, key=lambda f: f[0])
+
+
+@pytest.mark.parametrize("lenpen", [0.0, 0.6, 1.0])
+def test_beam_search_stops_where_fairseq_does(lenpen):
+    """The batched search (cached keys and values, finished sentences leaving the batch, per-sentence limits)
+    returns what the plain search with fairseq's stopping rule returns; the exhaustive search searches on."""
+    torch.manual_seed(3)
+    model = Transformer(make_config("tiny", 9, d_model=16, ffn=32, heads=2, dropout=0.0)).eval()
+    with torch.no_grad():
+        model.embed.weight.mul_(4.0)  # peaky, but unsure enough that hypotheses end at different steps
+    lengths = [5, 2, 7, 3, 6, 4]
+    src = torch.zeros(len(lengths), max(lengths) + 1, dtype=torch.long)  # <pad> = 0
+    for i, n in enumerate(lengths):
+        src[i, :n] = torch.randint(3, 9, (n,))
+        src[i, n] = 2
+    with torch.no_grad():
+        hyps = beam_search(EnsembleModel([model]), src, bos=1, eos=2, beam=3, lenpen=lenpen, max_len_a=1.0,
+                           max_len_b=2)
+        exhaustive = beam_search(EnsembleModel([model]), src, bos=1, eos=2, beam=3, lenpen=lenpen, max_len_a=1.0,
+                                 max_len_b=2, exhaustive=True)
+        for i, n in enumerate(lengths):
+            score, tokens = _fairseq_beam_search(model, src[i : i + 1, : n + 1], 3, lenpen, n + 2)
+            assert hyps[i][0].tokens == tokens
+            assert hyps[i][0].score == pytest.approx(score, abs=1e-4)
+            assert exhaustive[i][0].score >= hyps[i][0].score - 1e-6
+    if lenpen > 0:
+        assert any(e[0].score > h[0].score + 1e-4 for e, h in zip(exhaustive, hyps))
+
+
 @pytest.mark.parametrize("lenpen", [0.0, 0.6, 1.0])
 def test_wide_beam_finds_the_exhaustive_optimum(lenpen):
     torch.manual_seed(4)
@@ -93,7 +144,8 @@ def test_wide_beam_finds_the_exhaustive_optimum(lenpen):
             exp_score, exp_tokens = _exhaustive_best(model, src, max_tokens, lenpen)
         # a beam as wide as all prefixes of length max_tokens - 1 keeps every candidate alive
         beam = (vocab - 2) ** (max_tokens - 1)
-        hyps = beam_search(ensemble, src, bos=1, eos=2, beam=beam, lenpen=lenpen, max_len_a=0.0, max_len_b=max_tokens)
+        hyps = beam_search(ensemble, src, bos=1, eos=2, beam=beam, lenpen=lenpen, max_len_a=0.0, max_len_b=max_tokens,
+                           exhaustive=True)
         assert hyps[0][0].tokens == exp_tokens
         assert hyps[0][0].score == pytest.approx(exp_score, abs=1e-4)
         greedy = greedy_search(ensemble, src, bos=1, eos=2, max_len_a=0.0, max_len_b=max_tokens)[0]
