@@ -1,5 +1,6 @@
 """Translation speed on CPU: sentences/s and target tokens/s on Multi30k test_2016_flickr with a trained
-`small` model, for beam 4 and greedy, batch 1 and 64, fp32 and bf16.
+`small` model, for beam 4 and greedy, batch 1 and 64, fp32 and bf16, one batch at a time and two at once
+(`--workers 2`: two search threads, each on half the cores).
 
 Batch 64 runs all 1,000 sentences; batch 1 runs the first 200 (it is the slow, latency-bound case).
 Each engine runs in a fresh process of its own, each configuration `--repeat` times (after a one-batch
@@ -8,8 +9,9 @@ kernels, and the best run. Also checks that odd input sizes (461, 1071 lines) co
 
 Then whole processes, as a user runs them: start-up (`import torch` alone, and one line through
 `nmt translate`, median of 3) and `nmt translate -i FILE -o OUT` over all 1,000 sentences (sent/s of the
-whole process, start-up included). With `--exported DIR` (from `nmt export ctranslate2`, same model) both
-tables also run CTranslate2 on that folder, through the same text pipeline and batching.
+whole process, start-up included; with its default workers, and with one). With `--exported DIR` (from
+`nmt export ctranslate2`, same model) both tables also run CTranslate2 on that folder, through the same
+text pipeline and batching.
 
     python benchmarks/translate.py [--model exp/multi30k/model.pt] [--repeat 2] [--exported DIR]
                                    [--whole-only | --decode-only]
@@ -56,44 +58,47 @@ def main() -> list[list]:
     rows = []
     engines = ["fp32", "bf16"] + (["exported"] if args.exported else [])
     for engine in engines:  # each in a fresh process: no engine runs beside another's idle thread pools
-        out = subprocess.run([sys.executable, __file__, "--model", args.model, "--exported", args.exported or "",
-                              "--repeat", str(args.repeat), "--batch1-sentences", str(args.batch1_sentences),
-                              "--engine-rows", engine], check=True, capture_output=True, text=True).stdout
-        rows += json.loads(out.splitlines()[-1])
+        for workers in (1, 2):
+            out = subprocess.run([sys.executable, __file__, "--model", args.model, "--exported", args.exported or "",
+                                  "--repeat", str(args.repeat), "--batch1-sentences", str(args.batch1_sentences),
+                                  "--engine-rows", f"{engine}:{workers}"], check=True, capture_output=True,
+                                 text=True).stdout
+            rows += json.loads(out.splitlines()[-1])
     translator = Translator.from_checkpoint(args.model, device="cpu")
     for n in (461, 1071):
         odd = (sources * 2)[:n]
         assert len(translator.translate(odd, greedy=True)) == n, n
     print_table(f"translate: Multi30k test_2016_flickr, small model, CPU ({machine()}, "
                 f"{torch.get_num_threads()} threads)",
-                ["search", "batch", "precision", "sentences", "sent/s (first run)", "sent/s (best)",
+                ["search", "batch", "precision", "workers", "sentences", "sent/s (first run)", "sent/s (best)",
                  "tgt tok/s (best)"], rows)
     return rows
 
 
 def engine_rows(args) -> list[list]:
-    """Beam 4 and greedy, batch 64 and 1, of one engine: fp32 or bf16 (nmt), or `exported` (CTranslate2,
-    without importing torch; at batch 64 also with one call per batch, CTranslate2's native batching, where
-    nmt's per-sentence length limits make one call per distinct limit)."""
+    """Beam 4 and greedy, batch 64 and 1, of one engine and worker count ("ENGINE:WORKERS"): fp32 or bf16
+    (nmt), or `exported` (CTranslate2, without importing torch; at batch 64 also with one call per batch,
+    CTranslate2's native batching, where nmt's per-sentence length limits make one call per distinct limit)."""
 
     sources = flickr_test_sources()
-    if args.engine_rows == "exported":
+    kind, workers = args.engine_rows.split(":")
+    if kind == "exported":
         from nmt_cli.ct2 import CTranslate2Translator
 
-        translator = CTranslate2Translator.from_dir(args.exported)
+        translator = CTranslate2Translator.from_dir(args.exported, workers=int(workers))
         label = "ctranslate2 " + json.loads((Path(args.exported) / "nmt.json").read_text())["quantization"]
     else:
         from nmt_cli.translate import Translator
 
-        translator = Translator.from_checkpoint(args.model, device="cpu", precision=args.engine_rows)
-        label = args.engine_rows
+        translator = Translator.from_checkpoint(args.model, device="cpu", precision=kind, workers=int(workers))
+        label = kind
     translator.translate(sources[:64])  # warm-up
     rows = []
     configurations = [(greedy, batch_size, True) for greedy in (False, True) for batch_size in (64, 1)]
-    if args.engine_rows == "exported":
+    if kind == "exported":
         configurations += [(False, 64, False), (True, 64, False)]
     for greedy, batch_size, per_sentence_limits in configurations:
-        if args.engine_rows == "exported":
+        if kind == "exported":
             translator.per_sentence_limits = per_sentence_limits
         subset = sources if batch_size > 1 else sources[: args.batch1_sentences]
         runs = []
@@ -105,7 +110,7 @@ def engine_rows(args) -> list[list]:
             assert len(out) == len(subset)
         tokens = translator.generated_tokens
         engine = label if per_sentence_limits else label + ", one call per batch"
-        rows.append([("greedy" if greedy else "beam 4"), batch_size, engine, len(subset),
+        rows.append([("greedy" if greedy else "beam 4"), batch_size, engine, int(workers), len(subset),
                      round(len(subset) / runs[0], 1), round(len(subset) / min(runs), 1),
                      round(tokens / min(runs), 1)])
     return rows
@@ -122,18 +127,18 @@ def whole_process(args, sources: list[str]) -> None:
     nmt = [sys.executable, "-m", "nmt_cli", "translate", "--quiet"]
     torch_s = statistics.median(_timed([sys.executable, "-c", "import torch"]) for _ in range(3))
     rows = [["python -c 'import torch'", "-", f"{torch_s:.2f}", "-"]]
-    models = [(args.model, "fp32"), (args.model, "bf16")]
+    models = [(args.model, "fp32", []), (args.model, "fp32", ["--workers", "1"]), (args.model, "bf16", [])]
     if args.exported:
-        models.append((args.exported, "exported"))
+        models += [(args.exported, "exported", []), (args.exported, "exported", ["--workers", "1"])]
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "test.en"
         src.write_text("".join(s + "\n" for s in sources), encoding="utf-8")
-        for model, kind in models:
-            flags = ["-m", model] + (["--precision", kind] if kind != "exported" else [])
+        for model, kind, extra in models:
+            flags = ["-m", model] + (["--precision", kind] if kind != "exported" else []) + extra
             one = statistics.median(_timed(nmt + flags, stdin=sources[0] + "\n") for _ in range(3))
             full = _timed(nmt + flags + ["-i", str(src), "-o", str(Path(tmp) / "out")])
-            rows.append([f"nmt translate -m {Path(model).name} ({kind}), beam 4, batch 64", len(sources),
-                         f"{one:.2f}", f"{len(sources) / full:.1f}"])
+            rows.append([f"nmt translate -m {Path(model).name} ({kind}) {' '.join(extra)}".rstrip()
+                         + ", beam 4, batch 64", len(sources), f"{one:.2f}", f"{len(sources) / full:.1f}"])
     print_table(f"translate, whole process: Multi30k test_2016_flickr ({machine()})",
                 ["command", "sentences", "one line: s (median of 3)", "whole file: sent/s"], rows)
 

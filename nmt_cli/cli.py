@@ -464,7 +464,11 @@ def translate_cmd(
     greedy: Annotated[bool, typer.Option(help="Greedy decoding (no beam machinery).")] = False,
     device: Annotated[Optional[Device], typer.Option(help="Default: cuda when available, else cpu.")] = None,
     precision: Annotated[Precision, typer.Option(help="Precision (fp16: CUDA only).")] = Precision.fp32,
-    threads: Annotated[int, typer.Option(help="CPU threads of an exported model (0: up to 4).")] = 0,
+    threads: Annotated[int, typer.Option(help=(
+        "CPU threads in all (0: torch's default; an exported model up to 4)."))] = 0,
+    workers: Annotated[int, typer.Option(help=(
+        "Batches translated at once, each on its share of the threads (0: 2 on a CPU with 2+ threads, "
+        "else 1)."))] = 0,
     engine: Annotated[Engine, typer.Option(help=ENGINE_HELP)] = Engine.auto,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
 ) -> None:
@@ -472,8 +476,10 @@ def translate_cmd(
     from .pipeline import load_translator
     from .textio import atomic_path, read_lines
 
+    if workers < 0:
+        raise NmtError(f"--workers must be 0 (automatic) or more (got {workers})")
     translator = load_translator(model, device=device.value if device else None, precision=precision.value,
-                                 threads=threads, engine=engine.value)
+                                 threads=threads, engine=engine.value, workers=workers)
     start_up_done()
     options = dict(beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, batch_size=batch_size,
                    max_tokens=max_tokens, greedy=greedy, nbest=nbest)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import NmtError
-from .pipeline import Hyp, TextTranslator
+from .pipeline import Hyp, TextTranslator, default_workers
 from .textio import publish_directory, staging_directory
 from .vocab import Vocabulary
 
@@ -148,16 +148,18 @@ class CTranslate2Translator(TextTranslator):
 
     per_sentence_limits = True
 
-    def __init__(self, translator: Any, vocab: Vocabulary, bpe_codes: str, meta: dict) -> None:
+    def __init__(self, translator: Any, vocab: Vocabulary, bpe_codes: str, meta: dict, workers: int = 1) -> None:
         normalize = bool((meta.get("tokenizer") or {}).get("normalize_punctuation", False))
         super().__init__(vocab, bpe_codes, meta["source_lang"], meta["target_lang"], int(meta["max_positions"]),
-                         normalize)
+                         normalize, workers)
         self.translator = translator
         self.pieces = ct2_tokens(vocab)
 
     @classmethod
-    def from_dir(cls, path: str | Path, device: str | None = None, threads: int = 0) -> CTranslate2Translator:
-        """Load a folder written by `export_ctranslate2`."""
+    def from_dir(cls, path: str | Path, device: str | None = None, threads: int = 0,
+                 workers: int = 1) -> CTranslate2Translator:
+        """Load a folder written by `export_ctranslate2`, to search `workers` batches at once (0: chosen by
+        `pipeline.default_workers`) on `threads` CPU threads in all (0: up to 4)."""
         path = Path(path)
         try:
             meta = json.loads((path / "nmt.json").read_text(encoding="utf-8"))
@@ -175,17 +177,24 @@ class CTranslate2Translator(TextTranslator):
         ctranslate2 = _ctranslate2()
         if device == "cuda" and ctranslate2.get_cuda_device_count() == 0:
             raise NmtError("--device cuda, but CTranslate2 sees no CUDA device")
-        translator = ctranslate2.Translator(str(path), device=device, compute_type="default",
-                                            intra_threads=threads or min(4, os.cpu_count() or 1))
-        return cls(translator, Vocabulary(symbols), codes, meta)
+        if threads < 0:
+            raise NmtError(f"--threads must be 0 (up to 4) or more (got {threads})")
+        threads = threads or min(4, os.cpu_count() or 1)
+        workers = workers or default_workers(device, threads)
+        # Each of CTranslate2's `inter_threads` workers runs one batch at a time, on `intra_threads` threads.
+        translator = ctranslate2.Translator(str(path), device=device, compute_type="default", inter_threads=workers,
+                                            intra_threads=max(1, threads // workers))
+        return cls(translator, Vocabulary(symbols), codes, meta, workers)
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, device: str | None = None, threads: int = 0) -> CTranslate2Translator:
+    def from_checkpoint(cls, path: str | Path, device: str | None = None, threads: int = 0,
+                        workers: int = 1) -> CTranslate2Translator:
         """Run an nmt checkpoint with CTranslate2: exported (float32) to a temporary folder, loaded, removed."""
         import tempfile
 
         with tempfile.TemporaryDirectory(prefix="nmt-ct2-") as tmp:
-            return cls.from_dir(export_ctranslate2(path, Path(tmp) / "model"), device=device, threads=threads)
+            return cls.from_dir(export_ctranslate2(path, Path(tmp) / "model"), device=device, threads=threads,
+                                workers=workers)
 
     def search(self, sources: list[list[int]], beam: int, lenpen: float, max_len_a: float, max_len_b: int,
                greedy: bool, nbest: int) -> list[list[Hyp]]:

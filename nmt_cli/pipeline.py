@@ -3,7 +3,8 @@ and ids -> detokenized text. Imports no torch, so an exported CTranslate2 model 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from . import text
@@ -18,8 +19,11 @@ class TextTranslator:
     """Pre- and post-processing around a search engine; subclasses implement `search`."""
 
     def __init__(self, vocab: Vocabulary, bpe_codes: str, source_lang: str, target_lang: str, max_positions: int,
-                 normalize: bool = False) -> None:
+                 normalize: bool = False, workers: int = 1) -> None:
+        if workers < 1:
+            raise NmtError(f"--workers must be at least 1 (got {workers})")
         self.vocab, self.source_lang, self.target_lang = vocab, source_lang, target_lang
+        self.workers = workers  # batches searched at once, each on its own thread and share of the cores
         self.bpe = text.BpeApplier(bpe_codes)
         self.max_positions = max_positions
         self.normalize = normalize  # Moses punctuation normalization before tokenizing, as at prepare time
@@ -101,9 +105,12 @@ class TextTranslator:
         ids = self.encode(sentences, first_line)
         results: list[list[tuple[str, float]]] = [[("", 0.0)] * nbest for _ in sentences]
         todo = [i for i, x in enumerate(ids) if x]
-        for batch in self.batches([len(ids[i]) for i in todo], batch_size, max_tokens):
-            rows = [todo[j] for j in batch]
-            hyps = self.search([ids[i] for i in rows], beam, lenpen, max_len_a, max_len_b, greedy, nbest)
+        jobs = [[todo[j] for j in batch] for batch in self.batches([len(ids[i]) for i in todo], batch_size, max_tokens)]
+
+        def search(rows: list[int]) -> list[list[Hyp]]:
+            return self.search([ids[i] for i in rows], beam, lenpen, max_len_a, max_len_b, greedy, nbest)
+
+        for rows, hyps in self.map_batches(search, jobs):
             for i, sentence_hyps in zip(rows, hyps):
                 results[i] = [(self.decode(tokens), score) for tokens, score in sentence_hyps]
                 # Exactly `nbest` per input: a search that ran out of distinct hypotheses repeats its last one.
@@ -115,10 +122,37 @@ class TextTranslator:
             on_batch(len(sentences) - len(todo))
         return results
 
+    def map_batches(self, search: Callable[[list[int]], list[list[Hyp]]],
+                    jobs: list[list[int]]) -> Iterator[tuple[list[int], list[list[Hyp]]]]:
+        """(job, search(job)) for each batch job, in the order they finish: `workers` at a time, each on its own
+        thread (`start_worker` prepares the thread), the longest batches first."""
+        if self.workers == 1 or len(jobs) == 1:
+            for job in jobs:
+                yield job, search(job)
+            return
+        with ThreadPoolExecutor(self.workers, initializer=self.start_worker) as pool:
+            futures = {pool.submit(search, job): job for job in jobs}
+            try:
+                for future in as_completed(futures):
+                    yield futures[future], future.result()
+            finally:
+                for future in futures:
+                    future.cancel()
+
+    def start_worker(self) -> None:
+        """Run on each search thread of `map_batches` before its first batch."""
+
     def translate(self, sentences: Sequence[str], **options) -> list[str]:
         """The best translation of each sentence, in input order (see `translate_nbest` for options)."""
         options.pop("nbest", None)
         return [r[0][0] for r in self.translate_nbest(sentences, nbest=1, **options)]
+
+
+def default_workers(device: str, threads: int) -> int:
+    """Batches to search at once when the user did not say: two on a CPU with at least two threads (one
+    search's Python and small operations leave a core idle that the other's products use: beam 4 at batch 64
+    ~12-15% faster on 2 cores, for nmt and CTranslate2 alike), one on a GPU."""
+    return 2 if device == "cpu" and threads >= 2 else 1
 
 
 def is_exported_model(path: str | Path) -> bool:
@@ -130,8 +164,9 @@ ENGINES = ("auto", "nmt", "ctranslate2")
 
 
 def load_translator(paths: Sequence[str | Path], device: str | None = None, precision: str = "fp32",
-                    threads: int = 0, engine: str = "auto") -> TextTranslator:
-    """A translator for nmt checkpoints (several: an ensemble) or one exported CTranslate2 folder.
+                    threads: int = 0, engine: str = "auto", workers: int = 1) -> TextTranslator:
+    """A translator for nmt checkpoints (several: an ensemble) or one exported CTranslate2 folder, searching
+    `workers` batches at once on CPU (0: two where there are at least two cores; one on a GPU).
 
     engine "auto" runs a checkpoint with nmt and a folder with CTranslate2; "ctranslate2" also runs a
     checkpoint with CTranslate2 (exported, float32, to a temporary folder); "nmt" refuses a folder."""
@@ -155,8 +190,8 @@ def load_translator(paths: Sequence[str | Path], device: str | None = None, prec
         from .ct2 import CTranslate2Translator
 
         if exported:
-            return CTranslate2Translator.from_dir(paths[0], device=device, threads=threads)
-        return CTranslate2Translator.from_checkpoint(paths[0], device=device, threads=threads)
+            return CTranslate2Translator.from_dir(paths[0], device=device, threads=threads, workers=workers)
+        return CTranslate2Translator.from_checkpoint(paths[0], device=device, threads=threads, workers=workers)
     from .translate import Translator
 
-    return Translator.from_checkpoint(paths, device=device, precision=precision)
+    return Translator.from_checkpoint(paths, device=device, precision=precision, threads=threads, workers=workers)

@@ -29,12 +29,12 @@ class Hypothesis:
 class EnsembleModel:
     """N models behind one decoder interface; their log-probabilities are averaged (in probability space)."""
 
-    def __init__(self, models: Sequence[Transformer]) -> None:
+    def __init__(self, models: Sequence[Transformer], searches: int = 1) -> None:
         self.models = list(models)
         first = self.models[0].config
         self.pad, self.vocab_size = first.pad, first.vocab_size
         self.max_positions = min(m.config.max_positions for m in self.models)
-        self.pool = CachePool(keep=len(self.models))  # each model's cache
+        self.pool = CachePool(keep=len(self.models) * searches)  # each model's cache, per search at once
 
     def start(self, src: Tensor, beam: int, max_len: int) -> list[DecoderState]:
         """Encode src (B, S) with every model; decoding state for B x beam hypotheses (give it back with

@@ -14,7 +14,7 @@ from .checkpoint import load_checkpoint, model_from_checkpoint, require_keys
 from .distributed import resolve_device
 from .errors import NmtError
 from .model import Transformer
-from .pipeline import Hyp, TextTranslator
+from .pipeline import Hyp, TextTranslator, default_workers
 from .search import EnsembleModel, Hypothesis, beam_search, greedy_search
 from .vocab import Vocabulary
 
@@ -29,22 +29,31 @@ class Translator(TextTranslator):
     """
 
     def __init__(self, models: Sequence[Transformer], vocab: Vocabulary, bpe_codes: str, source_lang: str,
-                 target_lang: str, device: torch.device, precision: str = "fp32", normalize: bool = False) -> None:
+                 target_lang: str, device: torch.device, precision: str = "fp32", normalize: bool = False,
+                 workers: int = 1, threads: int = 0) -> None:
         if precision not in PRECISIONS:
             raise NmtError(f"unknown --precision {precision!r} (use fp32, bf16 or fp16)")
         if precision == "fp16" and device.type != "cuda":
             raise NmtError("--precision fp16 needs CUDA; on CPU use bf16 or fp32")
+        if threads < 0:
+            raise NmtError(f"--threads must be 0 (torch's default) or more (got {threads})")
         size_kernel_cache(DECODING_KERNEL_CACHE)
-        self.ensemble = EnsembleModel(models)
-        super().__init__(vocab, bpe_codes, source_lang, target_lang, self.ensemble.max_positions, normalize)
+        self.ensemble = EnsembleModel(models, searches=workers)
+        super().__init__(vocab, bpe_codes, source_lang, target_lang, self.ensemble.max_positions, normalize, workers)
         self.device, self.precision = device, precision
+        if threads and workers == 1:
+            torch.set_num_threads(threads)
+        self.threads_per_worker = max(1, (threads or torch.get_num_threads()) // workers)
 
     @classmethod
     def from_checkpoint(cls, paths: str | Path | Sequence[str | Path], device: str | None = "cpu",
-                        precision: str = "fp32") -> Translator:
-        """Load one checkpoint (or several, as an ensemble); it carries vocabulary, BPE codes and languages."""
+                        precision: str = "fp32", threads: int = 0, workers: int = 1) -> Translator:
+        """Load one checkpoint (or several, as an ensemble); it carries vocabulary, BPE codes and languages.
+        `workers` batches are searched at once, on `threads` CPU threads in all (0: torch's default); workers
+        0 chooses (`pipeline.default_workers`)."""
         paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
         dev = resolve_device(device)
+        workers = workers or default_workers(dev.type, threads or torch.get_num_threads())
         models, first = [], None
         for path in paths:
             state = require_keys(load_checkpoint(path), path)
@@ -59,7 +68,18 @@ class Translator(TextTranslator):
         assert first is not None
         normalize = bool((first.get("tokenizer") or {}).get("normalize_punctuation", False))
         return cls(models, vocab, first["bpe_codes"], first["source_lang"], first["target_lang"], dev, precision,
-                   normalize)
+                   normalize, workers, threads)
+
+    def start_worker(self) -> None:
+        torch.set_num_threads(self.threads_per_worker)  # this thread's count (OpenMP keeps one per thread)
+
+    def map_batches(self, search, jobs):
+        threads = torch.get_num_threads()
+        try:
+            yield from super().map_batches(search, jobs)
+        finally:
+            # PyTorch also keeps the count set last for threads it has not seen yet: set this thread's again.
+            torch.set_num_threads(threads)
 
     def _autocast(self):
         params = next(self.ensemble.models[0].parameters())

@@ -194,7 +194,8 @@ def test_translate_and_score_limits(toy_model, tmp_path):
     for args, fragment in ((("--beam", "0"), "--beam must be at least 1"), (("--nbest", "0"), "--nbest"),
                            (("--batch-size", "0"), "--batch-size"), (("--nbest", "5", "--beam", "4"), "larger than"),
                            (("--nbest", "2", "--greedy"), "greedy"), (("--lenpen", "-1"), "--lenpen"),
-                           (("--max-tokens", "0"), "--max-tokens")):
+                           (("--max-tokens", "0"), "--max-tokens"), (("--workers", "-1"), "--workers"),
+                           (("--threads", "-2"), "--threads")):
         expect_error(run_cli("translate", "-m", toy_model, *args, input="W1 w2.\n"), fragment)
     src = tmp_path / "src"
     src.write_text("W1 w2.\n\nW3 w4 w5.\n")

@@ -118,6 +118,14 @@ def test_one_call_per_batch_gives_what_one_call_per_limit_gives(exported, val, b
     else:  # all sentences at once, then fewer again than the limits' groups would hold
         assert ours_calls[0] == len(sources) and sum(ours_calls[1:]) < len(sources) and len(set(limits)) > 2
 
+def test_two_ctranslate2_workers_translate_exactly_what_one_does(exported, val):
+    """Two batches at once on CTranslate2's two workers (`inter_threads`), each on half the threads."""
+    one = CTranslate2Translator.from_dir(exported["float32"], threads=2)
+    two = CTranslate2Translator.from_dir(exported["float32"], threads=2, workers=2)
+    assert two.translator.num_translators == 2 and two.workers == 2
+    assert two.translate(val[0], beam=4, batch_size=16) == one.translate(val[0], beam=4, batch_size=16)
+
+
 def test_int8_export_stays_close_to_fp32(exported, val):
     """int8 weights: the translations agree with the fp32 export's at >= 60 BLEU (measured: ~90) and score
     within 1 BLEU of them against the references."""

@@ -8,12 +8,14 @@ import os
 import random
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
 
 from nmt_cli import DECODING_KERNEL_CACHE, ops
 from nmt_cli.model import Transformer, make_config
+from nmt_cli.pipeline import default_workers
 from nmt_cli.search import EnsembleModel, beam_search, greedy_search, length_penalty
 from nmt_cli.translate import Translator
 
@@ -49,6 +51,39 @@ def test_batch_size_and_input_order_do_not_change_translations(translator, sourc
 
 def test_beam_one_equals_greedy(translator, sources):
     assert translator.translate(sources, beam=1, lenpen=0.0) == translator.translate(sources, greedy=True)
+
+
+def test_two_workers_translate_exactly_what_one_does(toy_model, translator, sources, monkeypatch):
+    """Two batches searched at once, each on its own thread with half the CPU threads: the same translations
+    in input order (scores to rounding). Afterwards the calling thread, and a thread started later, keep the
+    count they had."""
+    threads = torch.get_num_threads()
+    two = Translator.from_checkpoint(toy_model, workers=2)
+    ran_on = []
+    search = two.search
+
+    def recorded(*args):
+        ran_on.append((threading.get_ident(), torch.get_num_threads()))
+        return search(*args)
+
+    monkeypatch.setattr(two, "search", recorded)
+    assert two.translate(sources, beam=4, batch_size=7) == translator.translate(sources, beam=4, batch_size=7)
+    nbest2 = two.translate_nbest(sources, beam=3, nbest=2, batch_size=5)
+    nbest1 = translator.translate_nbest(sources, beam=3, nbest=2, batch_size=5)
+    assert [[text for text, _ in r] for r in nbest2] == [[text for text, _ in r] for r in nbest1]
+    # scores to rounding: one thread adds up some reductions in another order than two
+    assert max(abs(a[1] - b[1]) for x, y in zip(nbest2, nbest1) for a, b in zip(x, y)) < 1e-4
+    assert two.translate(sources, greedy=True, batch_size=9) == translator.translate(sources, greedy=True,
+                                                                                     batch_size=9)
+    assert len({ident for ident, _ in ran_on} - {threading.get_ident()}) >= 2
+    assert {n for _, n in ran_on} == {max(1, threads // 2)}
+    assert torch.get_num_threads() == threads
+    later = []
+    thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    assert later == [threads]
+    assert default_workers("cpu", 2) == 2 and default_workers("cpu", 1) == 1 and default_workers("cuda", 8) == 1
 
 
 def test_nbest_scores_sorted_and_first_is_best(translator, sources):
