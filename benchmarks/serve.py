@@ -1,9 +1,10 @@
 """`nmt serve` under load: throughput (sentences/s) and p50/p95 latency when 1, 8 and 32 concurrent clients
 each send single sentences of Multi30k test_2016_flickr, against the batch-64 throughput of the same
-translator in one process (what `nmt translate` does with a file). Beam 4, fp32, the `small` model.
-Also the server's own view (from /health): sentences per batch, the share of the time its translator thread
-was busy, and its sentences/s while busy. Every measurement runs `--rounds` times (default 2: the first
-also pays oneDNN's kernel creation for shapes not seen yet) and the best round is reported.
+translator in one process (what `nmt translate` does with a file: with its default workers, the percentages'
+reference, and with one). Beam 4, fp32, the `small` model. Also the server's own view (from /health):
+sentences per batch, the share of the time its translator thread was busy, and its sentences/s while busy.
+Every measurement runs `--rounds` times (default 2: the first also pays oneDNN's kernel creation for shapes
+not seen yet) and the best round is reported.
 
     python benchmarks/serve.py [--model exp/multi30k/model.pt] [--clients 1,8,32] [--sentences 500] [--rounds 2]
 """
@@ -93,21 +94,38 @@ def main() -> list[list]:
     from nmt_cli.pipeline import load_translator
 
     sentences = flickr_test_sources()[: args.sentences]
-
-    translator = load_translator([args.model], device="cpu")
-    translator.translate(sentences[:64])  # warm-up
     rounds = max(1, args.rounds)
-    batch64 = arrival32 = 0.0
-    for _ in range(rounds):  # the first round also pays oneDNN's kernel creation for new shapes
-        start = time.perf_counter()
-        expected = translator.translate(sentences, beam=4, batch_size=64)
-        batch64 = max(batch64, len(sentences) / (time.perf_counter() - start))
-        # What 32 clients can at best give: batches of 32 sentences in arrival order (not sorted by length).
-        start = time.perf_counter()
-        for i in range(0, len(sentences), 32):
-            translator.translate(sentences[i : i + 32], beam=4, batch_size=32)
-        arrival32 = max(arrival32, len(sentences) / (time.perf_counter() - start))
-    del translator
+    rows, batch64 = [], {}
+    for workers in (0, 1):  # as `nmt translate` runs (0: its default), then one batch at a time
+        translator = load_translator([args.model], device="cpu", workers=workers)
+        translator.translate(sentences[:64])  # warm-up
+        batch64[workers] = arrival32 = 0.0
+        for _ in range(rounds):  # the first round also pays oneDNN's kernel creation for new shapes
+            start = time.perf_counter()
+            expected = translator.translate(sentences, beam=4, batch_size=64)
+            batch64[workers] = max(batch64[workers], len(sentences) / (time.perf_counter() - start))
+            if workers == 1:
+                # What 32 clients can at best give with one worker: batches of 32 in arrival order (not sorted).
+                start = time.perf_counter()
+                for i in range(0, len(sentences), 32):
+                    translator.translate(sentences[i : i + 32], beam=4, batch_size=32)
+                arrival32 = max(arrival32, len(sentences) / (time.perf_counter() - start))
+        rows.append([f"nmt translate, batch 64, {translator.workers} worker(s) (one process, no HTTP)", "-",
+                     f"{batch64[workers]:.1f}", f"{100 * batch64[workers] / batch64[0]:.0f}%", "-", "-", "64", "-",
+                     "-"])
+        del translator
+    rows.append(["translate() on each 32 sentences in arrival order, 1 worker (no HTTP)", "-", f"{arrival32:.1f}",
+                 f"{100 * arrival32 / batch64[0]:.0f}%", "-", "-", "32", "-", "-"])
+    rows += _serve_rows(args, sentences, expected, batch64[0])
+    print_table(f"serve: Multi30k test_2016_flickr, {len(sentences)} sentences, beam 4, fp32 ({machine()})",
+                ["configuration", "clients", "sent/s", "of batch 64", "p50 ms", "p95 ms", "sentences per batch",
+                 "translator busy", "sent/s while busy"], rows)
+    return rows
+
+
+def _serve_rows(args, sentences: list[str], expected: list[str], reference: float) -> list[list]:
+    """`nmt serve` under each client count."""
+    rounds = max(1, args.rounds)
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -115,6 +133,7 @@ def main() -> list[list]:
     server = subprocess.Popen([sys.executable, "-m", "nmt_cli", "serve", "-m", args.model, "--port", str(port),
                                "--device", "cpu", "--batch-wait-ms", str(args.batch_wait_ms)],
                               stderr=subprocess.PIPE, text=True)
+    rows = []
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -128,10 +147,6 @@ def main() -> list[list]:
         for s in sentences[:64]:
             _post(port, s)  # warm-up
         assert _post(port, sentences[0]) == expected[:1]
-        rows = [["nmt translate, batch 64 (one process, no HTTP)", "-", f"{batch64:.1f}", "100%", "-", "-", "64",
-                 "-", "-"],
-                ["translate() on each 32 sentences in arrival order (no HTTP)", "-", f"{arrival32:.1f}",
-                 f"{100 * arrival32 / batch64:.0f}%", "-", "-", "32", "-", "-"]]
         for clients in [int(c) for c in args.clients.split(",")]:
             best = None
             for _ in range(rounds):
@@ -147,15 +162,12 @@ def main() -> list[list]:
             per_batch = translated / max(after["batches"] - before["batches"], 1)
             busy = after.get("translate_seconds", 0) - before.get("translate_seconds", 0)  # 0: an older server
             rows.append([f"nmt serve, {clients} client(s), 1 sentence per request", clients, f"{rate:.1f}",
-                         f"{100 * rate / batch64:.0f}%", f"{1000 * statistics.median(latencies):.0f}",
+                         f"{100 * rate / reference:.0f}%", f"{1000 * statistics.median(latencies):.0f}",
                          f"{1000 * q[18]:.0f}", f"{per_batch:.1f}", f"{100 * busy / seconds:.0f}%" if busy else "-",
                          f"{translated / busy:.1f}" if busy else "-"])
     finally:
         server.terminate()
         server.wait(30)
-    print_table(f"serve: Multi30k test_2016_flickr, {len(sentences)} sentences, beam 4, fp32 ({machine()})",
-                ["configuration", "clients", "sent/s", "of batch 64", "p50 ms", "p95 ms", "sentences per batch",
-                 "translator busy", "sent/s while busy"], rows)
     return rows
 
 

@@ -550,7 +550,8 @@ def serve_cmd(
     max_chars: Annotated[int, typer.Option(help="Characters per sentence at most (else 413).")] = 2000,
     device: Annotated[Optional[Device], typer.Option(help="Default: cuda when available, else cpu.")] = None,
     precision: Annotated[Precision, typer.Option(help="Precision (fp16: CUDA only).")] = Precision.fp32,
-    threads: Annotated[int, typer.Option(help="CPU threads of an exported model (0: up to 4).")] = 0,
+    threads: Annotated[int, typer.Option(help=(
+        "CPU threads in all (0: torch's default; an exported model up to 4)."))] = 0,
     engine: Annotated[Engine, typer.Option(help=ENGINE_HELP)] = Engine.auto,
 ) -> None:
     """Serve translations over HTTP: POST /translate {"text": [...], "beam": 4}, GET /health."""
