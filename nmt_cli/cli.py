@@ -522,7 +522,9 @@ def translate_cmd(
     with atomic_path(output) if output else nullcontext() as tmp:
         sink = open(tmp, "w", encoding="utf-8") if tmp else sys.stdout
         try:
-            for batch in _stdin_batches(batch_size):
+            # What has arrived, up to 4 batches per worker: sorted by length into batches and searched
+            # `workers` at a time, as a file is (piped text ~1.4x faster than batch by batch in arrival order).
+            for batch in _stdin_batches(batch_size * translator.workers * 4):
                 results = translator.translate_nbest([t for _, t in batch], first_line=batch[0][0], **options)
                 flush_warnings()
                 sink.write("".join(line + "\n" for line in format_results(results, batch[0][0])))

@@ -234,6 +234,26 @@ def test_cli_file_and_stdin(toy_model, tmp_path, translator):
     assert rows[0][2] == expected[0]
 
 
+def test_piped_stdin_is_searched_in_sorted_batches_like_a_file(toy_model, sources, translator, monkeypatch):
+    """Lines that have already arrived on stdin are translated together (several batches, sorted by length,
+    searched `workers` at a time), not one arrival-order batch at a time; the output is the file's."""
+    from nmt_cli.pipeline import TextTranslator
+
+    lines = (sources * 4)[:150]
+    expected = translator.translate(lines)
+    chunks = []
+    real = TextTranslator.translate_nbest
+
+    def recorded(self, sentences, **options):
+        chunks.append(len(sentences))
+        return real(self, sentences, **options)
+
+    monkeypatch.setattr(TextTranslator, "translate_nbest", recorded)
+    r = run_cli("translate", "-m", toy_model, "--batch-size", "8", input="\n".join(lines) + "\n")
+    assert r.exit_code == 0 and r.stdout.splitlines() == expected
+    assert sum(chunks) == len(lines) and max(chunks) > 8
+
+
 def test_streaming_stdin_answers_before_input_ends(toy_model):
     """A line is translated and flushed while stdin stays open."""
     proc = subprocess.Popen([sys.executable, "-m", "nmt_cli", "translate", "-m", str(toy_model)],
