@@ -3,7 +3,7 @@ handling around the search is `pipeline.TextTranslator`'s."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -73,7 +73,8 @@ class Translator(TextTranslator):
     def start_worker(self) -> None:
         torch.set_num_threads(self.threads_per_worker)  # this thread's count (OpenMP keeps one per thread)
 
-    def map_batches(self, search, jobs):
+    def map_batches(self, search: Callable[[list[int]], list[list[Hyp]]],
+                    jobs: list[list[int]]) -> Iterator[tuple[list[int], list[list[Hyp]]]]:
         threads = torch.get_num_threads()
         try:
             yield from super().map_batches(search, jobs)
