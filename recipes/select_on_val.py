@@ -44,7 +44,8 @@ def select(ckpt_dir: Path, src: Path, ref: Path, windows: list[int], lenpens: li
         raise NmtError(f"{ckpt_dir}: no checkpoints to choose from")
 
     def bleu(path: Path, lenpen: float) -> float:
-        hyps = Translator.from_checkpoint(path, precision=precision).translate(sources, beam=beam, lenpen=lenpen)
+        translator = Translator.from_checkpoint(path, precision=precision, workers=0)  # as `nmt translate` runs
+        hyps = translator.translate(sources, beam=beam, lenpen=lenpen)
         return score(hyps, [refs], metrics=("bleu",))[0]["score"]
 
     scores: list[dict] = []
