@@ -73,9 +73,8 @@ class Batcher:
         self.translated_sentences = 0
         self.batches = 0
         self.translate_seconds = 0.0  # time the translator thread spent translating
-        # Sentences that were waiting for an answer or arrived during the last batch: how many to wait for.
+        # The last batch's sentences and those queued when it ended: how many sentences a batch waits for.
         self.expected = 0
-        self._arrived = 0  # sentences submitted since the current (or last) batch began
         self._wakeup = asyncio.Event()
         self._executor = executor or translator_thread()
 
@@ -86,7 +85,6 @@ class Batcher:
         job = _Job(sentences, options, asyncio.get_running_loop().create_future())
         self.queue.append(job)
         self.queued_sentences += job.size
-        self._arrived += job.size
         self._wakeup.set()
         return job
 
@@ -123,7 +121,6 @@ class Batcher:
                 continue
             sentences = [s for job in batch for s in job.sentences]
             options = dict(batch[0].options)
-            self._arrived = 0
             try:
                 translations = await loop.run_in_executor(self._executor, self._translate, sentences, options)
             except Exception as e:  # bad options reach here as NmtError; anything else is the server's fault
@@ -139,11 +136,12 @@ class Batcher:
                 self.translated_sentences += len(sentences)
                 self.batches += 1
             finally:
-                self.expected = len(sentences) + self._arrived
+                # Its clients are about to send again, beside those that arrived meanwhile and still wait.
+                self.expected = len(sentences) + self.queued_sentences
 
     async def _gather(self) -> None:
         """Wait for company: up to `batch_wait_ms`, but no longer once as many sentences are queued as the last
-        batch answered plus those that arrived during it (clients that send again when answered are back;
+        batch answered plus those queued when it ended (clients that send again when answered are back;
         one client alone is not kept waiting). Before any batch, the whole `batch_wait_ms`."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.limits.batch_wait_ms / 1000
