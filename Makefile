@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: install test lint bench bench-scale bench-gpu
+.PHONY: install test test-margins lint bench bench-scale bench-gpu
 install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,6 +14,12 @@ $(VENV)/.installed: pyproject.toml
 
 test: install
 	$(BIN)/python -m pytest -q
+
+MARGINS ?= exp/test-margins.jsonl
+test-margins: install   # the tests, then every threshold's measured value and margin on this machine (tests/README.md)
+	@mkdir -p $(dir $(MARGINS)) && rm -f $(MARGINS)
+	NMT_MARGINS=$(abspath $(MARGINS)) $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python tests/margins.py $(MARGINS)
 
 lint: install
 	$(BIN)/ruff check nmt_cli tests benchmarks recipes

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import platform
 import sys
 from pathlib import Path
 
@@ -31,18 +30,10 @@ def flickr_test_sources() -> list[str]:
 
 
 def machine() -> str:
-    """A one-line description of this machine."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import torch
+    """A one-line description of this machine, its kind first (Intel Xeon with AMX or not, AMD EPYC, ...)."""
+    from nmt_cli.hardware import describe_machine
 
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}"
+    return describe_machine()
 
 
 def print_table(title: str, columns: list[str], rows: list[list]) -> None:

@@ -1,7 +1,16 @@
-"""Shared fixtures: real data paths, a synthetic translation task, a tiny prepared corpus and trained model."""
+"""Shared fixtures: real data paths, a synthetic translation task, a tiny prepared corpus and trained model.
+
+The rule for numeric thresholds (see tests/README.md): the development machines come in two kinds (Intel Xeon
+with AMX, AMD EPYC without), whose matrix-product kernels round differently, so a trained model, a BLEU score or
+a loss differs from one kind to the other. A threshold on such a figure goes through `threshold`, carries a margin
+measured on the kind it was tuned on (written beside it), and sits where a different random seed, a far larger
+perturbation than rounding, still passes. Nothing asserts bit-level equality across machines; within one machine
+and one process, exactness tests (batched vs single, cache vs none, resumed vs straight) stay exact.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from pathlib import Path
@@ -30,6 +39,22 @@ def require_extra(module: str):
     if os.environ.get("CI"):
         return __import__(module)
     return pytest.importorskip(module)
+
+
+def threshold(what: str, value: float, *, low: float | None = None, high: float | None = None) -> None:
+    """Assert low <= value <= high (either bound may be None). With NMT_MARGINS=FILE in the environment, also
+    append the measured value, its bounds and this machine's kind to FILE as a JSON line (`make test-margins`)."""
+    if os.environ.get("NMT_MARGINS"):
+        from nmt_cli.hardware import cpu_kind
+
+        margins = [m for m in ((value - low) if low is not None else None,
+                               (high - value) if high is not None else None) if m is not None]
+        record = {"test": os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" (", 1)[0], "what": what,
+                  "value": value, "low": low, "high": high, "margin": min(margins), "kind": cpu_kind()}
+        with open(os.environ["NMT_MARGINS"], "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+    assert low is None or value >= low, f"{what}: {value} < {low}"
+    assert high is None or value <= high, f"{what}: {value} > {high}"
 
 
 def run_cli(*args: str, input: str | bytes | None = None):
@@ -74,14 +99,20 @@ def toy_data(tmp_path_factory) -> Path:
     return out
 
 
+TOY_TRAINING = dict(arch="tiny", dropout=0.0, max_tokens=1024, max_updates=800, warmup=100, cooldown=0.3,
+                    lr_scale=1.0, device="cpu", quiet=True, seed=3)
+
+
 @pytest.fixture(scope="session")
 def toy_model(tmp_path_factory, toy_data) -> Path:
-    """A tiny model trained on the toy task until it translates it."""
+    """A tiny model trained on the toy task until it has converged. The cool-down matters: at a constant high
+    learning rate the last update decided the outcome (600 updates without it: 28 of 40 exact outputs on the
+    Intel kind, 36+ on the AMD kind); with it, the valid perplexity reaches its floor (1/0.9 under label
+    smoothing 0.1) on every seed tried (tests/README.md)."""
     from nmt_cli.train import TrainOptions, train
 
     save = tmp_path_factory.mktemp("toy_ckpt")
-    train(TrainOptions(data=toy_data, save_dir=save, arch="tiny", dropout=0.0, max_tokens=1024, max_updates=600,
-                       warmup=100, lr_scale=1.0, device="cpu", quiet=True, seed=3))
+    train(TrainOptions(data=toy_data, save_dir=save, **TOY_TRAINING))
     return save / "checkpoint_last.pt"
 
 

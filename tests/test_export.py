@@ -18,7 +18,7 @@ from nmt_cli.model import Transformer
 from nmt_cli.pipeline import load_translator
 from nmt_cli.translate import Translator
 
-from .conftest import expect_error, require_extra, run_cli
+from .conftest import expect_error, require_extra, run_cli, threshold
 
 ctranslate2 = require_extra("ctranslate2")  # an optional extra: skipped without it, except under CI
 
@@ -54,7 +54,8 @@ def test_exported_fp32_model_gives_nmts_token_log_probabilities(multi30k_tiny, e
             ours.append([lprobs[i, g].item() for i, g in enumerate(t + [vocab.eos])])
     theirs = ct.token_log_probs(sources, targets)
     assert [len(x) for x in theirs] == [len(x) for x in ours]
-    assert max(abs(a - b) for x, y in zip(ours, theirs) for a, b in zip(x, y)) < 1e-4
+    threshold("largest log-probability difference", max(abs(a - b) for x, y in zip(ours, theirs) for a, b in zip(x, y)),
+              high=1e-4)
 
 
 @pytest.mark.parametrize("options", [dict(greedy=True), dict(beam=1)])
@@ -110,7 +111,8 @@ def test_one_call_per_batch_gives_what_one_call_per_limit_gives(exported, val, b
                       nbest, per_limit)
     # the same hypotheses; scores to float32 rounding (batches of other sizes sum in another order)
     assert [[h[0] for h in hyps] for hyps in ours] == [[h[0] for h in hyps] for hyps in per_limit]
-    assert max(abs(a[1] - b[1]) for x, y in zip(ours, per_limit) for a, b in zip(x, y)) < 1e-4
+    threshold("largest score difference", max(abs(a[1] - b[1]) for x, y in zip(ours, per_limit) for a, b in zip(x, y)),
+              high=1e-4)
     assert [len(h) for h in ours] == [nbest] * len(sources)
     assert all(len(h[0][0]) <= limit for h, limit in zip(ours, limits))
     if lenpen == 0 and not greedy:
@@ -133,8 +135,9 @@ def test_int8_export_stays_close_to_fp32(exported, val):
 
     fp32 = CTranslate2Translator.from_dir(exported["float32"]).translate(val[0])
     int8 = CTranslate2Translator.from_dir(exported["int8"]).translate(val[0])
-    assert sacrebleu.corpus_bleu(int8, [fp32]).score >= 60
-    assert abs(sacrebleu.corpus_bleu(int8, [val[1]]).score - sacrebleu.corpus_bleu(fp32, [val[1]]).score) <= 1.0
+    threshold("BLEU of int8 against fp32", sacrebleu.corpus_bleu(int8, [fp32]).score, low=60)
+    threshold("BLEU difference against the references",
+              abs(sacrebleu.corpus_bleu(int8, [val[1]]).score - sacrebleu.corpus_bleu(fp32, [val[1]]).score), high=1.0)
 
 
 def test_engine_ctranslate2_runs_a_checkpoint_like_its_export(multi30k_tiny, exported, val, tmp_path):

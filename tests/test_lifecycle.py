@@ -21,7 +21,7 @@ from nmt_cli import train as train_module
 from nmt_cli.checkpoint import load_checkpoint
 from nmt_cli.train import TrainOptions, train
 
-from .conftest import expect_error, run_cli
+from .conftest import expect_error, run_cli, threshold
 
 
 def _opts(data: Path, save: Path, **kw) -> TrainOptions:
@@ -212,7 +212,7 @@ def test_clip_norm_bounds_the_gradient_the_optimizer_sees(toy_data, tmp_path, mo
     assert len(seen) == 5 and max(seen) <= 0.05 + 1e-6
     seen.clear()
     train(_opts(toy_data, tmp_path / "free", max_updates=5))
-    assert max(seen) > 0.05  # without clipping the gradients are larger
+    threshold("largest unclipped gradient norm", max(seen), low=0.05)  # without clipping they are larger
 
 
 def test_resume_with_update_freq_is_exact(toy_data, tmp_path):
@@ -287,7 +287,7 @@ def test_fine_tuning_on_another_domain_lowers_its_loss(tmp_path):
                 valid_interval=40, dropout=0.0))
     valid = [r for r in _log(tmp_path / "tuned") if r["event"] == "valid"]
     assert valid[0]["update"] == 0 and valid[0]["baseline"] and valid[-1]["update"] == 40
-    assert valid[-1]["valid_loss"] < valid[0]["valid_loss"] - 0.3, valid
+    threshold("valid loss drop from fine-tuning", valid[0]["valid_loss"] - valid[-1]["valid_loss"], low=0.3)
     tuned = load_checkpoint(tmp_path / "tuned" / "checkpoint_last.pt")
     assert tuned["config"] == load_checkpoint(model)["config"]  # the model's architecture, not --arch's
 
@@ -339,7 +339,7 @@ def test_ctrl_c_during_prepare_with_workers_exits_promptly(tmp_path, delay):
         pytest.fail(f"no exit 30 s after Ctrl-C (main exit code {proc.poll()}):\n{_process_group_report(proc.pid)}")
     assert proc.returncode == 130, err
     assert err.strip().splitlines() == ["interrupted"], err
-    assert time.monotonic() - start < 10
+    threshold("seconds from Ctrl-C to exit", time.monotonic() - start, high=10)
     assert not out.exists() and not list(tmp_path.glob(".data.*"))
     with pytest.raises(ProcessLookupError):  # no worker outlives the main process
         os.killpg(proc.pid, 0)

@@ -14,6 +14,8 @@ from nmt_cli.model import Transformer, explicit_attention, make_config, sinusoid
 from nmt_cli.ops import dropout, linear_cross_entropy, linear_log_softmax_topk, relu_dropout
 from nmt_cli.train import cooldown_factor, inverse_sqrt_lr
 
+from .conftest import threshold
+
 
 def _model(pre_norm: bool = False, vocab: int = 40) -> Transformer:
     torch.manual_seed(0)
@@ -192,7 +194,7 @@ def test_activation_dropout_acts_in_training_only():
     handle.remove()
     relu = F.relu(ffn.w1(x))
     kept = inner[0] != 0
-    assert 0.3 < 1 - kept[relu > 0].float().mean() < 0.7  # about half the active units dropped
+    threshold("share of active units dropped", float(1 - kept[relu > 0].float().mean()), low=0.3, high=0.7)
     torch.testing.assert_close(inner[0][kept], 2 * relu[kept])
 
 
@@ -282,16 +284,16 @@ def test_bf16_training_step_agrees_with_fp32():
 
     loss32, grad32 = loss_and_grads("fp32")
     loss16, grad16 = loss_and_grads("bf16")
-    assert loss16 == pytest.approx(loss32, rel=0.01)
-    assert float(F.cosine_similarity(grad16, grad32, dim=0)) > 0.99
+    threshold("relative loss difference, bf16 vs fp32", abs(loss16 - loss32) / loss32, high=0.01)
+    threshold("gradient cosine, bf16 vs fp32", float(F.cosine_similarity(grad16, grad32, dim=0)), low=0.99)
 
 
 def test_dropout_rate_and_expectation():
     torch.manual_seed(0)
     x = torch.ones(400_000)
     y = dropout(x, 0.3, training=True)
-    assert float((y == 0).float().mean()) == pytest.approx(0.3, abs=0.005)
-    assert float(y.mean()) == pytest.approx(1.0, abs=0.01)
+    threshold("share dropped at p=0.3", float((y == 0).float().mean()), low=0.295, high=0.305)
+    threshold("mean after dropout", float(y.mean()), low=0.99, high=1.01)
     assert dropout(x, 0.3, training=False) is x
     x.requires_grad_()
     y = dropout(x, 0.5, training=True)

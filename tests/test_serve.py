@@ -16,7 +16,7 @@ import pytest
 from nmt_cli.serve import ServeLimits, create_app, translator_thread
 from nmt_cli.translate import Translator
 
-from .conftest import expect_error, require_extra, run_cli
+from .conftest import expect_error, require_extra, run_cli, threshold
 
 uvicorn = require_extra("uvicorn")  # an optional extra: skipped without it, except under CI
 
@@ -113,7 +113,8 @@ def test_a_batch_waits_only_until_the_last_batchs_clients_are_back(translator, s
         with ThreadPoolExecutor(4) as pool:
             times = list(pool.map(client, range(4)))
         assert all(t[0] >= wait for t in times)  # no history yet: the first batch waited for company
-        assert all(max(t[1:]) < wait / 2 for t in times), times  # then only until the 4 clients were back
+        # then only until the 4 clients were back
+        threshold("slowest later request, seconds", max(max(t[1:]) for t in times), high=wait / 2)
         health = server.get("/health")[1]
         assert health["translated_sentences"] == 12 and health["batches"] == 3
     with Server(translator, ServeLimits(max_batch=16, batch_wait_ms=wait * 1000)) as server:
@@ -122,7 +123,8 @@ def test_a_batch_waits_only_until_the_last_batchs_clients_are_back(translator, s
             start = time.perf_counter()
             assert server.post({"text": [sentence]})[0] == 200
             timed.append(time.perf_counter() - start)
-        assert timed[0] >= wait and max(timed[1:]) < wait / 2, timed
+        assert timed[0] >= wait, timed
+        threshold("slowest later request of one client, seconds", max(timed[1:]), high=wait / 2)
 
 
 @pytest.mark.parametrize("body,status,fragment", [

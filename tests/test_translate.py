@@ -19,7 +19,7 @@ from nmt_cli.pipeline import default_workers
 from nmt_cli.search import EnsembleModel, beam_search, greedy_search, length_penalty
 from nmt_cli.translate import Translator
 
-from .conftest import expect_error, run_cli
+from .conftest import expect_error, run_cli, threshold
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def test_batch_size_and_input_order_do_not_change_translations(translator, sourc
     random.Random(1).shuffle(order)
     shuffled = translator.translate([sources[i] for i in order], beam=4)
     assert [shuffled[order.index(i)] for i in range(len(sources))] == one
-    assert sum(h.endswith(".") for h in one) > len(one) // 2
+    threshold("beam outputs ending in '.'", sum(h.endswith(".") for h in one), low=len(one) // 2 + 1)
 
 
 def test_beam_one_equals_greedy(translator, sources):
@@ -160,7 +160,8 @@ def test_beam_search_stops_where_fairseq_does(lenpen):
             assert hyps[i][0].score == pytest.approx(score, abs=1e-4)
             assert exhaustive[i][0].score >= hyps[i][0].score - 1e-6
     if lenpen > 0:
-        assert any(e[0].score > h[0].score + 1e-4 for e, h in zip(exhaustive, hyps))
+        threshold("sentences the exhaustive search scores higher",
+                  sum(e[0].score > h[0].score + 1e-4 for e, h in zip(exhaustive, hyps)), low=1)
 
 
 @pytest.mark.parametrize("lenpen", [0.0, 0.6, 1.0])
@@ -305,7 +306,7 @@ def test_beam_one_equals_greedy_on_an_untrained_model(toy_data, sources):
     translator = Translator([model], data.vocab, data.bpe_codes, "en", "de", torch.device("cpu"))
     beam = translator.translate(sources[:40], beam=1, lenpen=0.0)
     assert beam == translator.translate(sources[:40], greedy=True)
-    assert max(len(h.split()) for h in beam) > 10  # it really ran long
+    threshold("longest output, words", max(len(h.split()) for h in beam), low=11)  # it really ran long
 
 
 def test_text_module_loads_sacremoses_without_joblib():
