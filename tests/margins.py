@@ -27,10 +27,11 @@ def bounds(record: dict) -> str:
 
 
 def relative_margin(record: dict) -> float | None:
-    """The margin as a share of the nearer bound's size (None for a bound of 0)."""
-    low, high, value = record["low"], record["high"], record["value"]
-    nearer = low if high is None or (low is not None and value - low <= high - value) else high
-    return record["margin"] / abs(nearer) if nearer else None
+    """The margin as a share of the room the bounds leave: half the band between two bounds, or the size of a
+    single bound (None for a single bound of 0)."""
+    low, high = record["low"], record["high"]
+    room = (high - low) / 2 if low is not None and high is not None else abs(low if high is None else high)
+    return record["margin"] / room if room else None
 
 
 def main() -> None:
@@ -46,7 +47,7 @@ def main() -> None:
         return
     kinds = sorted({r["kind"] for r in records})
     table = Table(title=f"test thresholds and their margins ({', '.join(kinds)})")
-    for column in ("test", "figure", "measured", "bounds", "margin", "margin / bound"):
+    for column in ("test", "figure", "measured", "bounds", "margin", "margin / room"):
         table.add_column(column, justify="left" if column in ("test", "figure") else "right")
     for r in records:
         share = relative_margin(r)
