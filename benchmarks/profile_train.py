@@ -5,6 +5,7 @@ builds its kernels for new shapes then), then profiles `--updates` more through 
 and prints the ops by self CPU time, with the share of matrix products versus everything else.
 
     python benchmarks/profile_train.py DATA_DIR [--arch small] [--precision bf16] [--updates 20] [--rows 30]
+                                       [--by-shape]   # also each op's time by input shapes
 
 DATA_DIR is an `nmt prepare` output folder (for example exp/multi30k/data after `make multi30k`).
 """
@@ -31,8 +32,12 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=20)
     parser.add_argument("--rows", type=int, default=30)
     parser.add_argument("--trace", type=Path, help="also write a Chrome trace here")
+    parser.add_argument("--by-shape", action="store_true", help="also list the ops by input shapes")
     args = parser.parse_args()
 
+    from nmt_cli import use_huge_pages_for_tensors
+
+    use_huge_pages_for_tensors()  # as `nmt train` does, before torch is imported
     from torch.profiler import ProfilerActivity, profile
 
     from nmt_cli.data import collate, shuffled
@@ -59,7 +64,7 @@ def main() -> None:
         run(0, args.warmup_updates)
         seconds, tokens = run(args.warmup_updates, args.updates)  # unprofiled, for the tokens/s figure
         first = args.warmup_updates + args.updates
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=args.by_shape) as prof:
             run(first, args.updates)
     print(f"{args.arch} {args.precision}: {tokens / seconds:,.0f} target tokens/s over {args.updates} updates "
           f"(unprofiled), {seconds / args.updates * 1000:.1f} ms per update")
@@ -69,6 +74,9 @@ def main() -> None:
     print(f"self CPU time: {total / 1e3 / args.updates:.1f} ms per update; matrix products and attention "
           f"kernels {100 * matmul / total:.0f}%, everything else {100 * (total - matmul) / total:.0f}%")
     print(events.table(sort_by="self_cpu_time_total", row_limit=args.rows, max_name_column_width=60))
+    if args.by_shape:
+        print(prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=args.rows,
+                                                                 max_name_column_width=30, max_shapes_column_width=90))
     if args.trace:
         prof.export_chrome_trace(str(args.trace))
 

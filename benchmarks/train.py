@@ -35,6 +35,9 @@ def worker(data_dir: str, arch: str, precision: str, save_dir: str, dropouts: st
     Every update is logged, and tokens/s is the timed updates' target tokens over their wall-clock time
     (each log record covers exactly one update; the last validation and save come after them).
     """
+    from nmt_cli import use_huge_pages_for_tensors
+
+    use_huge_pages_for_tensors()  # as `nmt train` does, before torch is imported
     from nmt_cli.train import TrainOptions, train
 
     warm, timed = UPDATES[arch]

@@ -299,6 +299,9 @@ def train_cmd(
     quiet: Annotated[bool, typer.Option(help="No progress bar or log lines.")] = False,
 ) -> None:
     """Train the Transformer (single process, or one per GPU/CPU under torchrun); resumes from checkpoint_last.pt."""
+    from . import use_huge_pages_for_tensors
+
+    use_huge_pages_for_tensors()  # before torch is imported
     import torch
 
     from .runstate import EXIT_CODES

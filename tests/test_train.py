@@ -277,3 +277,21 @@ def test_prefetch_keeps_order_and_raises_worker_errors():
         for x in prefetch(broken, range(5)):
             got.append(x)
     assert got == [0, 1, 2]
+
+
+def test_training_tensors_use_huge_pages_unless_the_user_says_otherwise():
+    """`nmt train` turns on PyTorch's transparent-huge-page allocation before torch is imported (a user's own
+    THP_MEM_ALLOC_ENABLE wins); a 64 MB tensor then lies in huge pages where the kernel allows them."""
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not thp.exists() or "[never]" in thp.read_text():
+        pytest.skip("this kernel gives no transparent huge pages")
+    probe = ("from nmt_cli import use_huge_pages_for_tensors as use; on = use(); import torch; "
+             "x = torch.ones(1 << 24); import re; rollup = open('/proc/self/smaps_rollup').read(); "
+             "print(on, int(re.search(r'AnonHugePages:\\s+(\\d+)', rollup).group(1)) > 0)")
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    default = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert default.stdout.split() == ["True", "True"], default.stderr
+    refused = subprocess.run([sys.executable, "-c", probe], env={**env, "THP_MEM_ALLOC_ENABLE": "0"},
+                             capture_output=True, text=True, check=True)
+    # with huge pages on request only ("[madvise]"), nothing else asks for them
+    assert refused.stdout.split() == ["False", "False" if "[madvise]" in thp.read_text() else refused.stdout.split()[1]]
