@@ -1,0 +1,53 @@
+"""The docs cannot drift from the CLI: the flag reference is the CLI's own, every `nmt <command> --flag` the
+pages mention exists, every relative link resolves, and README.md stays short."""
+
+from __future__ import annotations
+
+import re
+
+from .docs_reference import (
+    COMMANDS_MD,
+    REPO,
+    cli_commands,
+    current_reference,
+    flags_of,
+    mentioned_flags,
+    reference_markdown,
+)
+
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "tests" / "README.md"]
+
+
+def test_flag_reference_is_the_clis():
+    assert current_reference(COMMANDS_MD.read_text(encoding="utf-8")) == reference_markdown(), \
+        "docs/commands.md's flag reference is stale: run `python tests/docs_reference.py --write`"
+
+
+def test_every_flag_the_docs_mention_exists():
+    commands = cli_commands()
+    wrong = [f"{page.relative_to(REPO)}:{line}: nmt {command} has no {flag}"
+             for page in PAGES for command, flag, line in mentioned_flags(page.read_text(encoding="utf-8"))
+             if flag not in flags_of(commands[command])]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_mention_check_catches_a_renamed_flag():
+    found = mentioned_flags("run `nmt translate -m model.pt --beam-size 4`, then `torchrun --nproc_per_node 2`")
+    assert found == [("translate", "-m", 1), ("translate", "--beam-size", 1)]
+    assert "--beam-size" not in flags_of(cli_commands()["translate"])
+
+
+def test_relative_links_resolve():
+    broken = []
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
+            if not re.match(r"[a-z]+:", target) and not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(REPO)}: {target}")
+    assert not broken, broken
+
+
+def test_readme_fits_on_a_few_screens():
+    lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 250, len(lines)
+    assert "make multi30k" in lines[12] or any("make multi30k" in line for line in lines[:20])
+    assert any(line.startswith("make test") for line in lines[:20])
