@@ -91,7 +91,7 @@ def main() -> list[list]:
     args = parser.parse_args()
     if not Path(args.model).exists():
         sys.exit(f"benchmark: {args.model} not found; run `make multi30k` first or pass --model")
-    from nmt_cli.pipeline import load_translator
+    from nmt_cli.engines import load_translator
 
     sentences = flickr_test_sources()[: args.sentences]
     rounds = max(1, args.rounds)

@@ -17,6 +17,7 @@ from torch import nn
 
 from .errors import NmtError
 from .model import ModelConfig, Transformer
+from .pipeline import checkpoint_hint
 from .textio import atomic_path
 from .vocab import Vocabulary
 
@@ -82,7 +83,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if not path.exists():
         raise NmtError(f"{path}: no such checkpoint")
     if path.is_dir():
-        raise NmtError(f"{path}: is a directory, expected a checkpoint file")
+        raise NmtError(f"{path}: is a directory, expected a checkpoint file{checkpoint_hint(path)}")
     try:
         with warnings.catch_warnings():  # torch warns about foreign pickles; the error below says it in one line
             warnings.simplefilter("ignore")

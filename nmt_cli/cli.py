@@ -32,6 +32,15 @@ Arch = Enum("Arch", {name: name for name in ("tiny", "small", "base", "big")}, t
 Precision = Enum("Precision", {name: name for name in ("fp32", "bf16", "fp16")}, type=str)
 Device = Enum("Device", {name: name for name in ("cpu", "cuda")}, type=str)
 Engine = Enum("Engine", {name: name for name in ("auto", "nmt", "ctranslate2")}, type=str)
+# --help panels of the commands with many flags
+P_DATA = "Data and batches"
+P_MODEL = "Model"
+P_OPTIM = "Optimisation"
+P_STOP = "Stopping and checkpoints"
+P_LOG = "Logging"
+P_DEVICE = "Devices and precision"
+P_IO = "Input and output"
+P_SEARCH = "Search"
 ENGINE_HELP = ("auto: nmt for a checkpoint, CTranslate2 for an exported folder; ctranslate2 also runs a checkpoint "
                "(exported, float32, to a temporary folder at start-up).")
 
@@ -96,6 +105,14 @@ def collect_after_loading(fn):
     return fn
 
 
+def command_name(fn) -> str:
+    """'nmt translate' for translate_cmd, 'nmt export ctranslate2' for export_ctranslate2_cmd."""
+    name = fn.__name__.removesuffix("_cmd")
+    if name.startswith("export_"):
+        name = "export " + name.removeprefix("export_")
+    return "nmt " + name.replace("_", "-")
+
+
 def handle_errors(fn):
     """Turn NmtError into one line on stderr and exit code 2; never a traceback."""
 
@@ -106,7 +123,7 @@ def handle_errors(fn):
         try:
             return fn(*args, **kwargs)
         except NmtError as e:
-            err.print(f"nmt {fn.__name__.replace('_cmd', '').replace('_', '-')}: error: {e}", markup=False,
+            err.print(f"{command_name(fn)}: error: {e}", markup=False,
                       highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
@@ -131,7 +148,7 @@ def prepare_cmd(
     out: Annotated[Path, typer.Option(help="Output data directory.")],
     test: Annotated[Optional[list[str]], typer.Option(help="Test PREFIX (repeatable).")] = None,
     bpe_merges: Annotated[int, typer.Option(help="Joint BPE merge operations.")] = 10000,
-    workers: Annotated[int, typer.Option(help="Worker processes (default: all cores).")] = 0,
+    workers: Annotated[int, typer.Option(help="Worker processes (0: one per core).")] = 0,
     max_len: Annotated[int, typer.Option(help="Drop training pairs with a side longer than this (BPE pieces).")] = 250,
     max_ratio: Annotated[float, typer.Option(help="Drop training pairs whose length ratio exceeds this.")] = 1.5,
     vocab_threshold: Annotated[int, typer.Option(help="Keep BPE pieces seen at least this often.")] = 1,
@@ -164,7 +181,8 @@ def prepare_cmd(
 @app.command("learn-bpe")
 @handle_errors
 def learn_bpe_cmd(
-    inputs: Annotated[list[Path], typer.Argument(help="Tokenized text files (plain or .gz); learned jointly.")],
+    inputs: Annotated[list[Path], typer.Argument(
+        metavar="FILE", help="Tokenized text files (plain or .gz); learned jointly.")],
     merges: Annotated[int, typer.Option("--merges", "-m", help="Merge operations.")] = 10000,
     output: Annotated[Path, typer.Option("--output", "-o", help="Codes file to write.")] = Path("bpe.codes"),
     min_frequency: Annotated[int, typer.Option(help="Stop when the best pair is rarer than this.")] = 2,
@@ -258,45 +276,71 @@ def binarize_cmd(
 @app.command("train")
 @handle_errors
 def train_cmd(
-    data: Annotated[Path, typer.Argument(help="Data directory made by nmt prepare.")],
-    save_dir: Annotated[Path, typer.Option(help="Where checkpoints and train.jsonl go; re-running resumes.")],
-    arch: Annotated[Arch, typer.Option(help="Model preset.")] = Arch.base,
-    layers: Annotated[Optional[int], typer.Option(help="Encoder and decoder layers (N).")] = None,
-    d_model: Annotated[Optional[int], typer.Option(help="Model width.")] = None,
-    ffn: Annotated[Optional[int], typer.Option(help="Feed-forward inner width.")] = None,
-    heads: Annotated[Optional[int], typer.Option(help="Attention heads.")] = None,
-    dropout: Annotated[Optional[float], typer.Option(help="Residual and embedding dropout.")] = None,
-    attention_dropout: Annotated[Optional[float], typer.Option(help="Dropout on attention weights.")] = None,
-    activation_dropout: Annotated[Optional[float], typer.Option(help="Dropout on the FFN inner layer.")] = None,
-    pre_norm: Annotated[Optional[bool], typer.Option("--pre-norm/--post-norm", help="LayerNorm placement.")] = None,
-    max_tokens: Annotated[int, typer.Option(help="Tokens per batch (padding counted).")] = 4096,
-    update_freq: Annotated[int, typer.Option(help="Batches accumulated per update.")] = 1,
-    max_updates: Annotated[int, typer.Option(help="Stop after this many updates (0: no limit).")] = 0,
-    max_epochs: Annotated[int, typer.Option(help="Stop after this many epochs (0: no limit).")] = 0,
-    max_time: Annotated[float, typer.Option(help="Stop after this many minutes (0: no limit).")] = 0.0,
-    precision: Annotated[Precision, typer.Option(help="Mixed precision (fp16: CUDA only).")] = Precision.fp32,
-    seed: Annotated[int, typer.Option(help="Random seed (initialization, batch order, dropout).")] = 1,
-    device: Annotated[Optional[Device], typer.Option(help="Default: cuda when available, else cpu.")] = None,
-    save_interval_updates: Annotated[int, typer.Option(help="Save a numbered checkpoint every N updates.")] = 0,
-    save_interval_minutes: Annotated[float, typer.Option(help="Save a numbered checkpoint every M minutes.")] = 0.0,
-    keep_last: Annotated[int, typer.Option(help="Numbered checkpoints to keep (0: all).")] = 5,
-    valid_interval: Annotated[int, typer.Option(help="Validate every N updates (0: each epoch).")] = 0,
-    eval_bleu: Annotated[bool, typer.Option(help="Also greedy-decode valid and pick the best by BLEU.")] = False,
-    patience: Annotated[int, typer.Option(help="Stop after N validations without improvement (0: off).")] = 0,
-    lr_scale: Annotated[float, typer.Option(help="Factor on the eq. 3 learning rate.")] = 1.0,
-    warmup: Annotated[int, typer.Option(help="Warmup updates of eq. 3.")] = 4000,
+    data: Annotated[Path, typer.Argument(metavar="DATA_DIR", help="Data directory made by nmt prepare.")],
+    save_dir: Annotated[Path, typer.Option(
+        rich_help_panel=P_STOP, help="Where checkpoints and train.jsonl go; re-running resumes.")],
+    arch: Annotated[Optional[Arch], typer.Option(rich_help_panel=P_MODEL, help=(
+        "Model preset: tiny (smoke runs), small (Multi30k on CPU), base and big (the paper's, on GPUs); "
+        "default base, or the --init-from model's architecture."))] = None,
+    layers: Annotated[Optional[int], typer.Option(
+        rich_help_panel=P_MODEL, help="Encoder and decoder layers (N).")] = None,
+    d_model: Annotated[Optional[int], typer.Option(rich_help_panel=P_MODEL, help="Model width.")] = None,
+    ffn: Annotated[Optional[int], typer.Option(rich_help_panel=P_MODEL, help="Feed-forward inner width.")] = None,
+    heads: Annotated[Optional[int], typer.Option(rich_help_panel=P_MODEL, help="Attention heads.")] = None,
+    dropout: Annotated[Optional[float], typer.Option(
+        rich_help_panel=P_MODEL, help="Residual and embedding dropout.")] = None,
+    attention_dropout: Annotated[Optional[float], typer.Option(
+        rich_help_panel=P_MODEL, help="Dropout on attention weights.")] = None,
+    activation_dropout: Annotated[Optional[float], typer.Option(
+        rich_help_panel=P_MODEL, help="Dropout on the FFN inner layer.")] = None,
+    pre_norm: Annotated[Optional[bool], typer.Option(
+        "--pre-norm/--post-norm", rich_help_panel=P_MODEL, help="LayerNorm placement.")] = None,
+    max_tokens: Annotated[int, typer.Option(rich_help_panel=P_DATA, help="Tokens per batch (padding counted).")] = 4096,
+    update_freq: Annotated[int, typer.Option(rich_help_panel=P_DATA, help="Batches accumulated per update.")] = 1,
+    max_updates: Annotated[int, typer.Option(
+        rich_help_panel=P_STOP, help="Stop after this many updates (0: no limit).")] = 0,
+    max_epochs: Annotated[int, typer.Option(
+        rich_help_panel=P_STOP, help="Stop after this many epochs (0: no limit).")] = 0,
+    max_time: Annotated[float, typer.Option(
+        rich_help_panel=P_STOP, help="Stop after this many minutes (0: no limit).")] = 0.0,
+    precision: Annotated[Precision, typer.Option(
+        rich_help_panel=P_DEVICE, help="Mixed precision (fp16: CUDA only).")] = Precision.fp32,
+    seed: Annotated[int, typer.Option(
+        rich_help_panel=P_OPTIM, help="Random seed (initialization, batch order, dropout).")] = 1,
+    device: Annotated[Optional[Device], typer.Option(
+        rich_help_panel=P_DEVICE, help="Default: cuda when available, else cpu.")] = None,
+    save_interval_updates: Annotated[int, typer.Option(
+        rich_help_panel=P_STOP, help="Save a numbered checkpoint every N updates.")] = 0,
+    save_interval_minutes: Annotated[float, typer.Option(
+        rich_help_panel=P_STOP, help="Save a numbered checkpoint every M minutes.")] = 0.0,
+    keep_last: Annotated[int, typer.Option(rich_help_panel=P_STOP, help="Numbered checkpoints to keep (0: all).")] = 5,
+    valid_interval: Annotated[int, typer.Option(
+        rich_help_panel=P_STOP, help="Validate every N updates (0: each epoch).")] = 0,
+    eval_bleu: Annotated[bool, typer.Option(
+        rich_help_panel=P_STOP, help="Also greedy-decode valid and pick the best by BLEU.")] = False,
+    patience: Annotated[int, typer.Option(
+        rich_help_panel=P_STOP, help="Stop after N validations without improvement (0: off).")] = 0,
+    lr_scale: Annotated[float, typer.Option(rich_help_panel=P_OPTIM, help="Factor on the eq. 3 learning rate.")] = 1.0,
+    warmup: Annotated[int, typer.Option(rich_help_panel=P_OPTIM, help=(
+        "Warmup updates of eq. 3 (paper: 4000; small data: the Multi30k recipe's 1000 with --lr-scale 0.5)."))] = 4000,
     cooldown: Annotated[float, typer.Option(
+        rich_help_panel=P_OPTIM,
         help="Lower the learning rate linearly to 0 over this final share of --max-updates/--max-time.")] = 0.0,
-    label_smoothing: Annotated[float, typer.Option(help="Label smoothing epsilon (paper: 0.1).")] = 0.1,
-    clip_norm: Annotated[float, typer.Option(help="Clip the gradient norm (0: off).")] = 0.0,
-    log_interval: Annotated[int, typer.Option(help="Updates between log lines.")] = 50,
+    label_smoothing: Annotated[float, typer.Option(
+        rich_help_panel=P_OPTIM, help="Label smoothing epsilon (paper: 0.1).")] = 0.1,
+    clip_norm: Annotated[float, typer.Option(rich_help_panel=P_OPTIM, help="Clip the gradient norm (0: off).")] = 0.0,
+    log_interval: Annotated[int, typer.Option(rich_help_panel=P_LOG, help="Updates between log lines.")] = 50,
     init_from: Annotated[Optional[Path], typer.Option(
+        rich_help_panel=P_MODEL,
         help="Start from this model's weights (and architecture) with a fresh optimizer and schedule: "
              "fine-tuning on data prepared with --from-model.")] = None,
     tensorboard: Annotated[Optional[Path], typer.Option(
-        help="Also write the logged scalars to this folder for tensorboard (needs nmt-cli[tensorboard]).")] = None,
-    threads: Annotated[int, typer.Option(help="CPU threads for torch (0: torch's default).")] = 0,
-    quiet: Annotated[bool, typer.Option(help="No progress bar or log lines.")] = False,
+        rich_help_panel=P_LOG,
+        help="Also write the logged scalars to this folder for tensorboard (pip install 'nmt-cli\\[tensorboard]')."
+    )] = None,
+    threads: Annotated[int, typer.Option(
+        rich_help_panel=P_DEVICE, help="CPU threads for torch (0: torch's default).")] = 0,
+    quiet: Annotated[bool, typer.Option(rich_help_panel=P_LOG, help="No progress bar or log lines.")] = False,
 ) -> None:
     """Train the Transformer (single process, or one per GPU/CPU under torchrun); resumes from checkpoint_last.pt."""
     from . import use_huge_pages_for_tensors
@@ -310,8 +354,8 @@ def train_cmd(
     if threads:
         torch.set_num_threads(threads)
     opts = TrainOptions(
-        data=data, save_dir=save_dir, arch=arch.value, layers=layers, d_model=d_model, ffn=ffn, heads=heads,
-        dropout=dropout, attention_dropout=attention_dropout, activation_dropout=activation_dropout,
+        data=data, save_dir=save_dir, arch=arch.value if arch else None, layers=layers, d_model=d_model, ffn=ffn,
+        heads=heads, dropout=dropout, attention_dropout=attention_dropout, activation_dropout=activation_dropout,
         pre_norm=pre_norm, max_tokens=max_tokens,
         update_freq=update_freq, max_updates=max_updates, max_epochs=max_epochs, max_time=max_time,
         precision=precision.value, seed=seed, device=device.value if device else None,
@@ -340,7 +384,8 @@ def train_cmd(
 @app.command("plot")
 @handle_errors
 def plot_cmd(
-    save_dirs: Annotated[list[Path], typer.Argument(help="Save directories of nmt train (several are overlaid).")],
+    save_dirs: Annotated[list[Path], typer.Argument(
+        metavar="SAVE_DIR", help="Save directories of nmt train (several are overlaid).")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Image to write (.png, .pdf, .svg).")] = Path(
         "curves.png"),
     x: Annotated[str, typer.Option("--x", help="Horizontal axis: update or time.")] = "update",
@@ -380,7 +425,8 @@ def export_ctranslate2_cmd(
 @app.command("average")
 @handle_errors
 def average_cmd(
-    checkpoints: Annotated[Optional[list[Path]], typer.Argument(help="Checkpoints, or a save dir with --last.")] = None,
+    checkpoints: Annotated[Optional[list[Path]], typer.Argument(
+        metavar="CHECKPOINT", help="Checkpoints, or a save dir with --last.")] = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="Averaged model file.")] = Path("model.pt"),
     last: Annotated[int, typer.Option(help="Average the last N numbered checkpoints of the save dir given.")] = 0,
 ) -> None:
@@ -452,40 +498,52 @@ def _stdin_batches(max_lines: int):
 @handle_errors
 @collect_after_loading
 def translate_cmd(
-    model: Annotated[list[Path], typer.Option("--model", "-m", help=(
+    model: Annotated[list[Path], typer.Option("--model", "-m", rich_help_panel=P_IO, help=(
         "Checkpoint (repeat for an ensemble), or a folder written by `nmt export ctranslate2`."))],
-    input: Annotated[Optional[Path], typer.Option("--input", "-i", help="Raw text (default stdin).")] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output file (default stdout).")] = None,
-    beam: Annotated[int, typer.Option(help="Beam size.")] = 4,
-    lenpen: Annotated[float, typer.Option(help="GNMT length penalty alpha.")] = 0.6,
-    max_len_a: Annotated[float, typer.Option(help="Max output length = a * source length + b.")] = 1.0,
-    max_len_b: Annotated[int, typer.Option(help="See --max-len-a.")] = 50,
-    batch_size: Annotated[int, typer.Option(help="Sentences per batch.")] = 64,
+    input: Annotated[Optional[Path], typer.Option(
+        "--input", "-i", rich_help_panel=P_IO, help="Raw text (default stdin).")] = None,
+    output: Annotated[Optional[Path], typer.Option(
+        "--output", "-o", rich_help_panel=P_IO, help="Output file (default stdout).")] = None,
+    beam: Annotated[int, typer.Option(rich_help_panel=P_SEARCH, help="Beam size.")] = 4,
+    lenpen: Annotated[float, typer.Option(rich_help_panel=P_SEARCH, help="GNMT length penalty alpha.")] = 0.6,
+    max_len_a: Annotated[float, typer.Option(
+        rich_help_panel=P_SEARCH, help="Max output length = a * source length + b.")] = 1.0,
+    max_len_b: Annotated[int, typer.Option(rich_help_panel=P_SEARCH, help="See --max-len-a.")] = 50,
+    batch_size: Annotated[int, typer.Option(rich_help_panel=P_DEVICE, help="Sentences per batch.")] = 64,
     max_tokens: Annotated[Optional[int], typer.Option(
-        help="Source tokens per batch (instead of --batch-size).")] = None,
-    nbest: Annotated[int, typer.Option(help="Hypotheses per input; >1 prints LINE<TAB>SCORE<TAB>TEXT lines.")] = 1,
-    greedy: Annotated[bool, typer.Option(help="Greedy decoding (no beam machinery).")] = False,
-    device: Annotated[Optional[Device], typer.Option(help="Default: cuda when available, else cpu.")] = None,
-    precision: Annotated[Precision, typer.Option(help="Precision (fp16: CUDA only).")] = Precision.fp32,
-    threads: Annotated[int, typer.Option(help=(
+        rich_help_panel=P_DEVICE, help="Source tokens per batch (instead of --batch-size).")] = None,
+    nbest: Annotated[int, typer.Option(
+        rich_help_panel=P_SEARCH, help=(
+            "Hypotheses per input; >1 prints LINE<TAB>SCORE<TAB>TEXT lines. SCORE is the log-probability divided by "
+            "the engine's length penalty: GNMT's ((5+|Y|)/6)^lenpen for a checkpoint, |Y|^lenpen for an exported "
+            "folder (CTranslate2), so the two rank alike but print different numbers."))] = 1,
+    greedy: Annotated[bool, typer.Option(
+        rich_help_panel=P_SEARCH, help="Greedy decoding (no beam machinery).")] = False,
+    device: Annotated[Optional[Device], typer.Option(
+        rich_help_panel=P_DEVICE, help="Default: cuda when available, else cpu.")] = None,
+    precision: Annotated[Precision, typer.Option(
+        rich_help_panel=P_DEVICE, help="Precision (fp16: CUDA only).")] = Precision.fp32,
+    threads: Annotated[int, typer.Option(rich_help_panel=P_DEVICE, help=(
         "CPU threads in all (0: torch's default; an exported model up to 4)."))] = 0,
-    workers: Annotated[int, typer.Option(help=(
+    workers: Annotated[int, typer.Option(rich_help_panel=P_DEVICE, help=(
         "Batches translated at once, each on its share of the threads (0: 2 on a CPU with 2+ threads, "
         "else 1)."))] = 0,
-    engine: Annotated[Engine, typer.Option(help=ENGINE_HELP)] = Engine.auto,
-    quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+    engine: Annotated[Engine, typer.Option(rich_help_panel=P_DEVICE, help=ENGINE_HELP)] = Engine.auto,
+    quiet: Annotated[bool, typer.Option(rich_help_panel=P_IO, help="No progress bar.")] = False,
 ) -> None:
     """Translate raw text; output is detokenized, one line per input line, in input order."""
-    from .pipeline import load_translator
+    from .engines import load_translator
+    from .pipeline import TextTranslator
     from .textio import atomic_path, read_lines
 
     if workers < 0:
         raise NmtError(f"--workers must be 0 (automatic) or more (got {workers})")
+    options = dict(beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, batch_size=batch_size,
+                   max_tokens=max_tokens, greedy=greedy, nbest=nbest)
+    TextTranslator.check_options(**options)  # before anything is loaded or printed
     translator = load_translator(model, device=device.value if device else None, precision=precision.value,
                                  threads=threads, engine=engine.value, workers=workers)
     start_up_done()
-    options = dict(beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, batch_size=batch_size,
-                   max_tokens=max_tokens, greedy=greedy, nbest=nbest)
 
     def flush_warnings() -> None:
         for w in translator.warnings:
@@ -503,7 +561,7 @@ def translate_cmd(
         lines = read_lines(input)
         with Progress(TextColumn("translate"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
-                      console=err, disable=quiet or output is None) as progress:
+                      console=err, disable=quiet or output is None or not err.is_terminal) as progress:
             task = progress.add_task("translate", total=len(lines), rate="")
 
             def advance(n: int) -> None:
@@ -561,7 +619,7 @@ def serve_cmd(
 ) -> None:
     """Serve translations over HTTP: POST /translate {"text": [...], "beam": 4}, GET /health."""
     from .ct2 import CTranslate2Translator
-    from .pipeline import load_translator
+    from .engines import load_translator
     from .serve import ServeLimits, check_port, serve, translator_thread
 
     for flag, value in (("--max-batch", max_batch), ("--max-queue", max_queue), ("--max-sentences", max_sentences),
@@ -625,10 +683,13 @@ def score_cmd(
     table = Table(title="scores")
     table.add_column("metric")
     table.add_column("score", justify="right")
-    table.add_column("signature / details")
+    table.add_column("details")
     for r in results:
-        table.add_row(r["metric"], f"{r['score']:.2f}", f"{r['signature']}\n{r['text']}")
-    Console().print(table)
+        table.add_row(r["metric"], f"{r['score']:.2f}", r["text"])
+    console = Console(soft_wrap=True)  # signatures are printed whole, on lines of their own, never cut
+    console.print(table)
+    for r in results:
+        console.print(f"{r['metric']} signature: {r['signature']}", markup=False, highlight=False)
 
 
 def main() -> None:

@@ -82,6 +82,16 @@ class IndexedDataset:
         return self.tokens[self.offsets[i] : self.offsets[i + 1]]
 
 
+def not_a_data_dir(path: Path) -> str:
+    """What a folder without meta.json looks like, for the one-line error: a save dir, raw text, or an
+    interrupted `nmt prepare`."""
+    if (path / "train.jsonl").exists() or any(path.glob("checkpoint*.pt")):
+        return "a save dir of nmt train, not a data dir; give the --out folder of nmt prepare"
+    if not any(path.glob("*.bin")) and any(p.is_file() and p.suffix not in (".json", ".idx") for p in path.iterdir()):
+        return "no meta.json and no binarized data: raw text? Run nmt prepare on it and give its --out folder"
+    return "no meta.json; the directory is incomplete (re-run nmt prepare)"
+
+
 @dataclass
 class DataDir:
     """A directory made by `nmt prepare`: meta.json, vocabulary, BPE codes and binarized splits."""
@@ -99,7 +109,7 @@ class DataDir:
             raise NmtError(f"{path}: no such data directory")
         meta_path = path / "meta.json"
         if not meta_path.exists():
-            raise NmtError(f"{path}: no meta.json; the directory is incomplete (re-run nmt prepare)")
+            raise NmtError(f"{path}: {not_a_data_dir(path)}")
         try:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:

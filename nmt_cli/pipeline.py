@@ -3,6 +3,7 @@ and ids -> detokenized text. Imports no torch, so an exported CTranslate2 model 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -81,6 +82,9 @@ class TextTranslator:
     def check_options(beam: int, lenpen: float, max_len_a: float, max_len_b: int, batch_size: int,
                       max_tokens: int | None, greedy: bool, nbest: int) -> None:
         """Refuse option combinations the search cannot honour, with one line naming the flag."""
+        for flag, number in (("--lenpen", lenpen), ("--max-len-a", max_len_a), ("--max-len-b", max_len_b)):
+            if not math.isfinite(number):
+                raise NmtError(f"{flag} must be a finite number (got {number})")
         for flag, value in (("--beam", beam), ("--nbest", nbest), ("--batch-size", batch_size)):
             if value < 1:
                 raise NmtError(f"{flag} must be at least 1 (got {value})")
@@ -155,43 +159,13 @@ def default_workers(device: str, threads: int) -> int:
     return 2 if device == "cpu" and threads >= 2 else 1
 
 
+def checkpoint_hint(folder: str | Path) -> str:
+    """'; did you mean FOLDER/checkpoint_best.pt?' for a save dir given where a checkpoint file belongs, else ''."""
+    names = ("checkpoint_best.pt", "checkpoint_last.pt", "model.pt")
+    return next((f"; did you mean {Path(folder) / name}?" for name in names if (Path(folder) / name).is_file()), "")
+
+
 def is_exported_model(path: str | Path) -> bool:
     """Whether `path` is a folder written by `nmt export ctranslate2`."""
     return Path(path).is_dir() and (Path(path) / "model.bin").is_file()
 
-
-ENGINES = ("auto", "nmt", "ctranslate2")
-
-
-def load_translator(paths: Sequence[str | Path], device: str | None = None, precision: str = "fp32",
-                    threads: int = 0, engine: str = "auto", workers: int = 1) -> TextTranslator:
-    """A translator for nmt checkpoints (several: an ensemble) or one exported CTranslate2 folder, searching
-    `workers` batches at once on CPU (0: two where there are at least two cores; one on a GPU).
-
-    engine "auto" runs a checkpoint with nmt and a folder with CTranslate2; "ctranslate2" also runs a
-    checkpoint with CTranslate2 (exported, float32, to a temporary folder); "nmt" refuses a folder."""
-    paths = list(paths)
-    if engine not in ENGINES:
-        raise NmtError(f"unknown --engine {engine!r} (choose from {', '.join(ENGINES)})")
-    exported = [p for p in paths if is_exported_model(p)]
-    for path in paths:
-        if Path(path).is_dir() and path not in exported:
-            raise NmtError(f"{path}: a folder without model.bin; give a checkpoint (.pt) or an `nmt export` folder")
-    if exported and engine == "nmt":
-        raise NmtError(f"{exported[0]}: an exported CTranslate2 folder; --engine nmt needs the checkpoint (.pt) "
-                       "it was exported from")
-    if exported or engine == "ctranslate2":
-        if len(paths) > 1:
-            hint = "" if exported else " (or use --engine nmt)"  # --engine nmt cannot run an exported folder
-            raise NmtError(f"{paths[0]}: CTranslate2 runs one model, not an ensemble; give it alone{hint}")
-        if precision != "fp32":
-            raise NmtError(f"--precision {precision}: CTranslate2 computes in the type the model was exported with "
-                           "(nmt export ctranslate2 --quantization)")
-        from .ct2 import CTranslate2Translator
-
-        if exported:
-            return CTranslate2Translator.from_dir(paths[0], device=device, threads=threads, workers=workers)
-        return CTranslate2Translator.from_checkpoint(paths[0], device=device, threads=threads, workers=workers)
-    from .translate import Translator
-
-    return Translator.from_checkpoint(paths, device=device, precision=precision, threads=threads, workers=workers)

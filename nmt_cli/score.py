@@ -10,6 +10,7 @@ from . import text
 from .errors import NmtError
 
 METRICS = {"bleu": BLEU, "chrf": CHRF, "ter": TER}
+UNSPACED_LANGUAGES = ("zh", "ja", "ko", "th", "my", "km", "lo")  # written without spaces between words
 
 
 def score(hyps: Sequence[str], refs: Sequence[Sequence[str]], metrics: Sequence[str] = ("bleu", "chrf", "ter"),
@@ -30,6 +31,10 @@ def score(hyps: Sequence[str], refs: Sequence[Sequence[str]], metrics: Sequence[
         result = metric.corpus_score(list(hyps), [list(r) for r in refs])
         results.append({"metric": name, "score": round(result.score, 4), "signature": str(metric.get_signature()),
                         "text": str(result)})
+    if tokenized_bleu_lang in UNSPACED_LANGUAGES:
+        raise NmtError(f"--tokenized-bleu {tokenized_bleu_lang}: Moses tokenization does not split Chinese, Japanese, "
+                       "Korean or Thai text into words, so its BLEU would score whole clauses; use sacreBLEU's BLEU "
+                       "(--metrics bleu)")
     if tokenized_bleu_lang:
         def prep(line: str) -> str:
             return text.split_compounds(text.tokenize(line, tokenized_bleu_lang, aggressive_dash=False))

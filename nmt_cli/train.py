@@ -8,7 +8,7 @@ import os
 import sys
 import time
 from contextlib import closing, nullcontext
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -35,6 +35,7 @@ from .runstate import (
     tensorboard_writer,
 )
 from .textio import remove_temporaries
+from .train_options import TrainOptions  # noqa: F401  (re-exported: callers import it from nmt_cli.train)
 from .update import (  # noqa: F401  (re-exported: nmt_cli.train is where callers look for the update)
     TranslationLoss,
     autocast_context,
@@ -44,46 +45,6 @@ from .update import (  # noqa: F401  (re-exported: nmt_cli.train is where caller
     valid_bleu,
     validate,
 )
-
-
-@dataclass
-class TrainOptions:
-    """Everything `nmt train` needs; mirrors its command-line flags (0 means "no limit" / "off")."""
-
-    data: Path
-    save_dir: Path
-    arch: str = "base"
-    layers: int | None = None
-    d_model: int | None = None
-    ffn: int | None = None
-    heads: int | None = None
-    dropout: float | None = None
-    attention_dropout: float | None = None
-    activation_dropout: float | None = None
-    pre_norm: bool | None = None
-    max_tokens: int = 4096
-    update_freq: int = 1
-    max_updates: int = 0
-    max_epochs: int = 0
-    max_time: float = 0.0  # minutes of wall-clock time, validation included
-    precision: str = "fp32"
-    seed: int = 1
-    device: str | None = None
-    save_interval_updates: int = 0
-    save_interval_minutes: float = 0.0
-    keep_last: int = 5
-    valid_interval: int = 0  # updates; 0 validates at the end of each epoch
-    eval_bleu: bool = False
-    patience: int = 0
-    lr_scale: float = 1.0
-    warmup: int = 4000
-    cooldown: float = 0.0  # final share of the budget (--max-updates or --max-time) over which the lr falls to 0
-    label_smoothing: float = 0.1
-    clip_norm: float = 0.0
-    log_interval: int = 50
-    init_from: Path | None = None  # fine-tuning: this model's weights and architecture, fresh optimizer/schedule
-    tensorboard: Path | None = None  # also write the logged scalars here for tensorboard
-    quiet: bool = False
 
 
 def check_precision(precision: str, device: torch.device) -> None:
@@ -147,6 +108,61 @@ def check_options(opts: TrainOptions) -> None:
         raise NmtError("--cooldown needs a budget to end at: --max-updates or --max-time")
 
 
+ARCHITECTURE_FIELDS = ("layers", "d_model", "ffn", "heads", "pre_norm")
+
+
+def check_architecture_flags(opts: TrainOptions, model: ModelConfig) -> None:
+    """Fine-tuning keeps the --init-from model's architecture: refuse --arch or a size flag that asks for
+    another one (one line naming what differs) rather than ignore it."""
+    sizes = {k: getattr(opts, k) for k in ARCHITECTURE_FIELDS if getattr(opts, k) is not None}
+    asked = dict(sizes)
+    if opts.arch is not None:  # the preset with the size flags applied, field by field
+        preset = make_config(opts.arch, model.vocab_size, pad=model.pad, **sizes)
+        asked = {k: getattr(preset, k) for k in ARCHITECTURE_FIELDS}
+    diffs = [f"{k} {v} vs {getattr(model, k)}" for k, v in asked.items() if getattr(model, k) != v]
+    if diffs:
+        given = ([f"--arch {opts.arch}"] if opts.arch else []) + [f"--{k.replace('_', '-')}" for k in sizes]
+        raise NmtError(f"{opts.init_from}: fine-tuning keeps this model's architecture, but {' '.join(given)} asks "
+                       f"for another ({', '.join(diffs)}); drop {'it' if len(given) == 1 else 'them'}")
+
+
+# Options whose change breaks an exact resume: the batches (and so the saved data position) or the random
+# streams would differ. World size is handled by TrainState.rescale.
+EXACT_RESUME_OPTIONS = ("max_tokens", "update_freq", "seed")
+# Options a resumed run may change; it follows the new values from the next update on, and says so.
+SCHEDULE_OPTIONS = ("lr_scale", "warmup", "cooldown", "label_smoothing", "clip_norm", "dropout", "attention_dropout",
+                    "activation_dropout", "precision")
+
+
+def changed_options(path: Path, opts: TrainOptions) -> list[str]:
+    """Compare a resumed run's options with the `options.json` its save dir recorded: one-line error for an
+    option that cannot change without breaking the exact resume; 'warmup 4000 -> 1000' for each schedule option
+    that changed (the run goes on with the new value)."""
+    if not path.exists():
+        return []
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []  # written by a killed run mid-way: nothing to compare against
+    new = json.loads(json.dumps(asdict(opts), default=str))
+    for name in EXACT_RESUME_OPTIONS:
+        if name in old and old[name] != new[name]:
+            flag = "--" + name.replace("_", "-")
+            raise NmtError(f"{path.parent}: {flag} {new[name]} differs from the run being resumed ({old[name]}): its "
+                           f"saved data position would map onto other batches; resume with {flag} {old[name]} or use "
+                           "another --save-dir")
+    return [f"--{k.replace('_', '-')} {old[k]} -> {new[k]}" for k in SCHEDULE_OPTIONS if k in old and old[k] != new[k]]
+
+
+def schedule_warning(opts: TrainOptions) -> str | None:
+    """A line for a schedule that cannot do what eq. 3 intends within the update budget, else None."""
+    if opts.max_updates and opts.warmup > opts.max_updates:
+        return (f"--warmup {opts.warmup} is more than --max-updates {opts.max_updates}: the learning rate rises the "
+                "whole run and never reaches its peak; with little data try the Multi30k recipe's --warmup 1000 "
+                "--lr-scale 0.5, or a --warmup below the budget")
+    return None
+
+
 def check_lengths(data: DataDir, splits: dict, config: ModelConfig) -> None:
     """Refuse, before training starts, data with sentences the model's positions cannot hold."""
     for name, corpus in splits.items():
@@ -173,8 +189,9 @@ class Trainer:
                      "activation_dropout": opts.activation_dropout}
             changes = {k: v for k, v in rates.items() if v is not None}
             config = replace(ModelConfig.from_dict(initial["config"]), **changes)
+            check_architecture_flags(opts, config)
         else:
-            config = make_config(opts.arch, len(data.vocab), pad=data.vocab.pad, layers=opts.layers,
+            config = make_config(opts.arch or "base", len(data.vocab), pad=data.vocab.pad, layers=opts.layers,
                                  d_model=opts.d_model, ffn=opts.ffn, heads=opts.heads, dropout=opts.dropout,
                                  attention_dropout=opts.attention_dropout,
                                  activation_dropout=opts.activation_dropout, pre_norm=opts.pre_norm)
@@ -187,6 +204,7 @@ class Trainer:
         if resume is not None:
             check_resume(resume, self.last_path, config, data)
         self.resumed = resume is not None
+        self.schedule_changes = changed_options(self.save_dir / "options.json", opts) if resume is not None else []
 
         self.ctx = ctx = D.init_distributed(device)
         torch.manual_seed(opts.seed)
@@ -248,7 +266,9 @@ class Trainer:
         with SaveDirLock(self.save_dir) if ctx.is_main else nullcontext(), self.stops:
             if ctx.is_main:
                 remove_temporaries(self.save_dir)  # left by killed runs; the lock says none is running
-                (self.save_dir / "options.json").write_text(json.dumps(asdict(opts), default=str, indent=2) + "\n")
+                # the options as given, and the architecture that ran (the --init-from model's, or the preset's)
+                options = asdict(opts) | {"model": self.config.to_dict()}
+                (self.save_dir / "options.json").write_text(json.dumps(options, default=str, indent=2) + "\n")
             board = tensorboard_writer(opts.tensorboard) if opts.tensorboard is not None and ctx.is_main else None
             self.log = JsonLog(self.save_dir / "train.jsonl" if ctx.is_main else None, board)
             finished = self.finished_reason()
@@ -261,10 +281,16 @@ class Trainer:
             self.log.write({"event": "start", "resumed_at": state.updates if self.resumed else None,
                             "parameters": count_parameters(self.model), "config": self.config.to_dict(),
                             "world_size": ctx.world_size, "device": str(self.device), "precision": opts.precision})
-            if opts.init_from is not None and not self.resumed:  # fine-tuning: the starting point on the new data
-                metrics = validate(self.loss_module, self.valid_corpus, self.valid_batches, self.data.vocab,
-                                   opts.precision, self.device, ctx)
-                self.log.write({"event": "valid", "update": 0, **metrics, "best": None, "baseline": True})
+            warnings = [] if self.resumed else [schedule_warning(opts)]
+            if self.schedule_changes:
+                warnings.append(f"resuming at update {state.updates} with {', '.join(self.schedule_changes)}: "
+                                "the new values apply from the next update on")
+            for warning in filter(None, warnings):
+                self.log.write({"event": "warning", "message": warning})
+                if ctx.is_main and not opts.quiet:
+                    print(f"nmt train: warning: {warning}", file=sys.stderr, flush=True)
+            if opts.init_from is not None and not self.resumed:
+                self.validate_starting_point()
             self.start = time.monotonic() - state.elapsed
             self.last_interval_save = time.monotonic()
             reason = None
@@ -289,6 +315,29 @@ class Trainer:
             self.log.close()
         D.shutdown(ctx)
         return summary
+
+    def validate_starting_point(self) -> None:
+        """Fine-tuning: validate the --init-from model on the new data before the first update. It is the first
+        candidate for the best checkpoint (fine-tuning that only makes the model worse leaves it the best), and
+        its line is printed like every validation's."""
+        opts, ctx, state = self.opts, self.ctx, self.state
+        metrics = validate(self.loss_module, self.valid_corpus, self.valid_batches, self.data.vocab,
+                           opts.precision, self.device, ctx)
+        if opts.eval_bleu:
+            score = valid_bleu(self.model, self.data, self.device, opts.precision) if ctx.is_main else 0.0
+            (metrics["valid_bleu"],) = D.all_reduce([score], ctx, self.device)
+        state.best = metrics["valid_bleu"] if opts.eval_bleu else metrics["valid_loss"]
+        self.log.write({"event": "valid", "update": 0, **metrics, "best": state.best, "baseline": True})
+        rngs = D.gather_objects(rng_state(self.device), ctx)
+        if ctx.is_main:
+            write_checkpoint(serialize_checkpoint(self.checkpoint(rngs)), self.save_dir / "checkpoint_best.pt")
+            if not opts.quiet:
+                shown = ("update 0 (the --init-from model): " + " ".join(f"{k} {v:.3f}" for k, v in metrics.items())
+                         + " (best)")
+                if sys.stdout.isatty():
+                    print(shown, flush=True)
+                else:
+                    plain_line(shown)
 
     def run_epoch(self) -> str | None:
         """The rest of the current epoch (or until a stop); returns the stop reason, if any."""

@@ -17,7 +17,7 @@ from .model import Transformer
 from .ops import linear_cross_entropy, linear_cross_entropy_and_nll
 
 if TYPE_CHECKING:
-    from .train import TrainOptions
+    from .train_options import TrainOptions
 
 
 def inverse_sqrt_lr(step: int, d_model: int, warmup: int, scale: float = 1.0) -> float:

@@ -60,22 +60,30 @@ def _default(p) -> str:
 
 
 def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+    """Help text as one table cell: rich's escapes undone, pipes escaped for markdown."""
+    return " ".join(text.split()).replace("\\[", "[").replace("|", "\\|")
 
 
 def reference_markdown() -> str:
-    """One section per subcommand: its usage line and a table of its flags with defaults and help."""
+    """One section per subcommand: its usage line, then its flags with defaults and help, in the panels
+    `--help` groups them in."""
     out = [BEGIN, ""]
     for path, cmd in cli_commands().items():
         args = [p for p in cmd.params if type(p).__name__.endswith("Argument")]
-        usage = " ".join(["nmt", path, *(a.name.upper() + ("..." if a.nargs == -1 else "") for a in args),
-                          "[OPTIONS]"])
-        out += [f"### nmt {path}", "", _cell((cmd.help or "").strip().split("\n\n")[0]), "", f"`{usage}`", "",
-                "| flag | default | what it does |", "|---|---|---|"]
+        usage = " ".join(["nmt", path, *((a.metavar or a.name.upper()) + ("..." if a.nargs == -1 else "")
+                                         for a in args), "[OPTIONS]"])
+        out += [f"### nmt {path}", "", _cell((cmd.help or "").strip().split("\n\n")[0]), "", f"`{usage}`", ""]
+        panels: dict[str, list] = {}
         for p in options(cmd):
-            names = ", ".join(f"`{o}`" for o in [*p.opts, *p.secondary_opts])
-            out.append(f"| {names} | {_default(p)} | {_cell(p.help or '')} |")
-        out.append("")
+            panels.setdefault(getattr(p, "rich_help_panel", None) or "Options", []).append(p)
+        for panel, params in panels.items():
+            if len(panels) > 1:
+                out += [f"*{panel}*", ""]
+            out += ["| flag | default | what it does |", "|---|---|---|"]
+            for p in params:
+                names = ", ".join(f"`{o}`" for o in [*p.opts, *p.secondary_opts])
+                out.append(f"| {names} | {_default(p)} | {_cell(p.help or '')} |")
+            out.append("")
     out.append(END)
     return "\n".join(out) + "\n"
 

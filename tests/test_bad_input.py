@@ -236,3 +236,33 @@ def test_checkpoint_lacking_what_translation_needs(toy_model, tmp_path):
     assert not (tmp_path / "out").exists()
     pytest.importorskip("ctranslate2")
     expect_error(run_cli("export", "ctranslate2", "-m", partial, "-o", tmp_path / "ct2"), "lacks bpe_codes")
+
+
+def test_errors_say_what_the_wrong_thing_is(toy_model, toy_data, raw, tmp_path):
+    """A save dir or a folder of raw text given as data, a save dir given as a model, a command's own name, a
+    tokenized BLEU that would score unsplit text: each error says what was given and what to give."""
+    save_dir = toy_model.parent
+    expect_error(run_cli("train", save_dir, "--save-dir", tmp_path / "s", "--quiet"), "a save dir of nmt train",
+                 "--out folder of nmt prepare")
+    expect_error(run_cli("train", raw, "--save-dir", tmp_path / "s", "--quiet"), "raw text?", "nmt prepare")
+    expect_error(run_cli("translate", "-m", save_dir, input="W1.\n"), "a folder without model.bin",
+                 f"did you mean {save_dir / 'checkpoint_best.pt'}?")
+    expect_error(run_cli("train", toy_data, "--save-dir", tmp_path / "ft", "--init-from", save_dir, "--quiet"),
+                 "is a directory, expected a checkpoint file", f"did you mean {save_dir / 'checkpoint_best.pt'}?")
+    result = run_cli("export", "ctranslate2", "-m", tmp_path / "nope.pt", "-o", tmp_path / "o")
+    expect_error(result, "nope.pt")
+    assert result.stderr.startswith("nmt export ctranslate2: error:"), result.stderr
+    (tmp_path / "hyp").write_text("我 很 好\n", encoding="utf-8")
+    expect_error(run_cli("score", "--ref", tmp_path / "hyp", "--hyp", tmp_path / "hyp", "--tokenized-bleu", "zh"),
+                 "--tokenized-bleu zh", "--metrics bleu")
+
+
+def test_translate_options_are_checked_before_anything_is_printed(toy_model, tmp_path):
+    """A bad search option is the only line on stderr (no progress line first), and not-a-number is refused."""
+    src = tmp_path / "in.en"
+    src.write_text("W1 w2.\nW3.\n", encoding="utf-8")
+    out = tmp_path / "out.de"
+    expect_error(run_cli("translate", "-m", toy_model, "-i", src, "-o", out, "--beam", "0"), "--beam")
+    for flag in ("--max-len-a", "--lenpen"):
+        expect_error(run_cli("translate", "-m", toy_model, "-i", src, "-o", out, flag, "nan"), flag, "finite")
+    assert not out.exists()

@@ -1,9 +1,14 @@
 """The docs cannot drift from the CLI: the flag reference is the CLI's own, every `nmt <command> --flag` the
-pages mention exists, every relative link resolves, and README.md stays short."""
+pages mention exists, every relative link resolves, the blocks marked as runnable run, and README.md stays
+short."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 from .docs_reference import (
     COMMANDS_MD,
@@ -51,3 +56,32 @@ def test_readme_fits_on_a_few_screens():
     assert len(lines) <= 250, len(lines)
     assert "make multi30k" in lines[12] or any("make multi30k" in line for line in lines[:20])
     assert any(line.startswith("make test") for line in lines[:20])
+
+
+SMOKE_MARK = "<!-- smoke: tests/test_docs.py runs this block -->"
+
+
+def smoke_blocks() -> list[tuple[str, str]]:
+    """(page, shell text) of every fenced block right after a smoke marker."""
+    found = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for match in re.finditer(re.escape(SMOKE_MARK) + r"\n```(?:bash|sh)\n(.*?)\n```", text, re.S):
+            found.append((str(page.relative_to(REPO)), match.group(1)))
+    return found
+
+
+def test_runnable_blocks_run(tmp_path):
+    """Each marked block runs in an empty folder with `nmt` on the PATH (and the real Multi30k as DATA)."""
+    from .conftest import shared_data
+
+    blocks = smoke_blocks()
+    assert blocks, "no runnable block found"
+    env = {**os.environ, "DATA": str(shared_data("multi30k")),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    for i, (page, script) in enumerate(blocks):
+        folder = tmp_path / str(i)
+        folder.mkdir()
+        result = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=folder, env=env, capture_output=True,
+                                text=True, timeout=300)
+        assert result.returncode == 0, f"{page}: {result.stderr[-2000:]}"

@@ -14,8 +14,8 @@ import torch
 
 from nmt_cli import text
 from nmt_cli.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from nmt_cli.engines import load_translator
 from nmt_cli.model import Transformer
-from nmt_cli.pipeline import load_translator
 from nmt_cli.translate import Translator
 
 from .conftest import expect_error, require_extra, run_cli, threshold

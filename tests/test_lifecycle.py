@@ -287,9 +287,17 @@ def test_fine_tuning_on_another_domain_lowers_its_loss(tmp_path):
                 valid_interval=40, dropout=0.0))
     valid = [r for r in _log(tmp_path / "tuned") if r["event"] == "valid"]
     assert valid[0]["update"] == 0 and valid[0]["baseline"] and valid[-1]["update"] == 40
+    assert valid[0]["best"] == valid[0]["valid_loss"]  # the starting point is the first candidate for the best
     threshold("valid loss drop from fine-tuning", valid[0]["valid_loss"] - valid[-1]["valid_loss"], low=0.3)
     tuned = load_checkpoint(tmp_path / "tuned" / "checkpoint_last.pt")
     assert tuned["config"] == load_checkpoint(model)["config"]  # the model's architecture, not --arch's
+    assert json.loads((tmp_path / "tuned" / "options.json").read_text())["model"] == tuned["config"]  # what ran
+    # an --arch or size flag that asks for another architecture is refused, not ignored
+    expect_error(run_cli("train", tmp_path / "news", "--save-dir", tmp_path / "x", "--init-from", model, "--arch",
+                         "small", "--device", "cpu", "--quiet"),
+                 "fine-tuning keeps", "--arch small", "d_model 256 vs 64")
+    expect_error(run_cli("train", tmp_path / "news", "--save-dir", tmp_path / "x", "--init-from", model, "--layers",
+                         "3", "--device", "cpu", "--quiet"), "--layers asks for another", "layers 3 vs 2")
 
 
 def _default_sigint() -> None:

@@ -295,3 +295,33 @@ def test_training_tensors_use_huge_pages_unless_the_user_says_otherwise():
                              capture_output=True, text=True, check=True)
     # with huge pages on request only ("[madvise]"), nothing else asks for them
     assert refused.stdout.split() == ["False", "False" if "[madvise]" in thp.read_text() else refused.stdout.split()[1]]
+
+
+def test_a_warmup_longer_than_the_budget_is_reported(toy_data, tmp_path):
+    """--warmup beyond --max-updates: the rate never leaves warm-up, so the run says so (stderr and train.jsonl);
+    a schedule that fits says nothing."""
+    result = run_cli("train", toy_data, "--save-dir", tmp_path / "long", "--arch", "tiny", "--max-updates", "3",
+                     "--warmup", "50", "--device", "cpu", "--log-interval", "1")
+    assert result.exit_code == 0, result.output
+    assert "--warmup 50 is more than --max-updates 3" in result.stderr
+    events = [json.loads(x) for x in (tmp_path / "long" / "train.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events].count("warning") == 1
+    train(_opts(toy_data, tmp_path / "fits", max_updates=3, warmup=2))
+    assert '"warning"' not in (tmp_path / "fits" / "train.jsonl").read_text()
+
+
+def test_a_resume_that_cannot_be_exact_is_refused_and_schedule_changes_are_reported(toy_data, tmp_path):
+    """Re-running in a save dir with another --max-tokens (or --update-freq, --seed) would map the saved data
+    position onto other batches: refused with one line. Another --warmup is allowed, and said at start."""
+    save = tmp_path / "ck"
+    train(_opts(toy_data, save, max_updates=3))
+    args = ["train", toy_data, "--save-dir", save, "--arch", "tiny", "--warmup", "50", "--device", "cpu", "--quiet",
+            "--seed", "7", "--max-updates", "6"]
+    expect_error(run_cli(*args, "--max-tokens", "1024"), "--max-tokens 1024 differs from the run being resumed (512)")
+    expect_error(run_cli(*args[:-4], "--seed", "8", "--max-updates", "6", "--max-tokens", "512"), "--seed 8 differs")
+    assert json.loads((save / "train.jsonl").read_text().splitlines()[-1])["updates"] == 3  # nothing ran
+    summary = train(_opts(toy_data, save, max_updates=6, warmup=20))
+    assert summary["updates"] == 6
+    warnings = [json.loads(x)["message"] for x in (save / "train.jsonl").read_text().splitlines() if '"warning"' in x]
+    assert warnings[1:] == ["resuming at update 3 with --warmup 50 -> 20: the new values apply from the next update on"]
+    assert warnings[0].startswith("--warmup 50 is more than --max-updates 3")  # the first run's

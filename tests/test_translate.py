@@ -324,11 +324,11 @@ def test_cli_loads_without_the_garbage_collector_and_translates_with_it(toy_mode
     back on, frozen, once the model is loaded: the translation itself runs with the collector on."""
     import gc
 
-    from nmt_cli import cli, pipeline
+    from nmt_cli import cli, engines
     from nmt_cli.pipeline import TextTranslator
 
     seen: dict[str, bool] = {}
-    load, translate_nbest = pipeline.load_translator, TextTranslator.translate_nbest
+    load, translate_nbest = engines.load_translator, TextTranslator.translate_nbest
 
     def loading(*args, **kwargs):
         seen["loading"] = gc.isenabled()
@@ -338,7 +338,7 @@ def test_cli_loads_without_the_garbage_collector_and_translates_with_it(toy_mode
         seen["translating"] = gc.isenabled()
         return translate_nbest(self, *args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "load_translator", loading)
+    monkeypatch.setattr(engines, "load_translator", loading)
     monkeypatch.setattr(TextTranslator, "translate_nbest", translating)
     src = tmp_path / "in.en"
     src.write_text("A man is riding a bike.\n", encoding="utf-8")

@@ -1,0 +1,46 @@
+"""`nmt train`'s options as one dataclass, below both the run loop (`train`) and the update (`update`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class TrainOptions:
+    """Everything `nmt train` needs; mirrors its command-line flags (0 means "no limit" / "off")."""
+
+    data: Path
+    save_dir: Path
+    arch: str | None = None  # a preset of model.PRESETS; None: "base", or the --init-from model's
+    layers: int | None = None
+    d_model: int | None = None
+    ffn: int | None = None
+    heads: int | None = None
+    dropout: float | None = None
+    attention_dropout: float | None = None
+    activation_dropout: float | None = None
+    pre_norm: bool | None = None
+    max_tokens: int = 4096
+    update_freq: int = 1
+    max_updates: int = 0
+    max_epochs: int = 0
+    max_time: float = 0.0  # minutes of wall-clock time, validation included
+    precision: str = "fp32"
+    seed: int = 1
+    device: str | None = None
+    save_interval_updates: int = 0
+    save_interval_minutes: float = 0.0
+    keep_last: int = 5
+    valid_interval: int = 0  # updates; 0 validates at the end of each epoch
+    eval_bleu: bool = False
+    patience: int = 0
+    lr_scale: float = 1.0
+    warmup: int = 4000
+    cooldown: float = 0.0  # final share of the budget (--max-updates or --max-time) over which the lr falls to 0
+    label_smoothing: float = 0.1
+    clip_norm: float = 0.0
+    log_interval: int = 50
+    init_from: Path | None = None  # fine-tuning: this model's weights and architecture, fresh optimizer/schedule
+    tensorboard: Path | None = None  # also write the logged scalars here for tensorboard
+    quiet: bool = False

@@ -1,0 +1,52 @@
+"""The package's modules form layers: no module imports, at its top or inside a function, a module that
+imports it back (directly or through others). docs/design.md gives the layer order."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "nmt_cli"
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the package modules it imports anywhere in its source (TYPE_CHECKING blocks included)."""
+    modules = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
+    graph: dict[str, set[str]] = {}
+    for name in modules:
+        tree = ast.parse((PACKAGE / f"{name}.py").read_text(encoding="utf-8"))
+        found = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                found |= {node.module} if node.module else {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("nmt_cli."):
+                found.add(node.module.split(".")[1])
+        graph[name] = found & modules
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import circle, as the path that closes it (depth-first search)."""
+    found, state = [], dict.fromkeys(graph, 0)  # 0 unseen, 1 on the path, 2 done
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state[nxt] == 1:
+                found.append(path[path.index(nxt) :] + [node, nxt] if nxt in path else [node, nxt])
+            elif state[nxt] == 0:
+                visit(nxt, [*path, node])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if state[node] == 0:
+            visit(node, [])
+    return found
+
+
+def test_no_import_circles():
+    assert not cycles(import_graph()), cycles(import_graph())
+
+
+def test_the_circle_check_finds_one():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c", "a"]]
