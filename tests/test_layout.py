@@ -26,7 +26,7 @@ def import_graph() -> dict[str, set[str]]:
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Every import circle, as the path that closes it (depth-first search)."""
+    """The import circles a depth-first search meets, each as the path that closes it (none found: none exist)."""
     found, state = [], dict.fromkeys(graph, 0)  # 0 unseen, 1 on the path, 2 done
 
     def visit(node: str, path: list[str]) -> None:
