@@ -22,8 +22,10 @@ from typer.core import TyperGroup
 
 try:  # recent typer vendors click as typer._click; older ones use click itself
     from typer._click import exceptions as click_errors
+    from typer._click.globals import get_current_context
 except ImportError:  # pragma: no cover
     from click import exceptions as click_errors
+    from click.globals import get_current_context
 
 from .errors import NmtError
 
@@ -60,7 +62,7 @@ class OneLineErrors(TyperGroup):
                 if e.format_message().strip():
                     typer.echo(e.format_message())
                 sys.exit(0)
-            where = " ".join(["nmt", *(e.ctx.command_path.split()[1:] if e.ctx else [])])
+            where = command_path(e.ctx)
             message = e.format_message().replace("Value error, ", "")
             err.print(f"{where}: error: {message}", markup=False, highlight=False, soft_wrap=True)
             sys.exit(2)
@@ -105,12 +107,9 @@ def collect_after_loading(fn):
     return fn
 
 
-def command_name(fn) -> str:
-    """'nmt translate' for translate_cmd, 'nmt export ctranslate2' for export_ctranslate2_cmd."""
-    name = fn.__name__.removesuffix("_cmd")
-    if name.startswith("export_"):
-        name = "export " + name.removeprefix("export_")
-    return "nmt " + name.replace("_", "-")
+def command_path(ctx) -> str:
+    """'nmt export ctranslate2' for that command's context, whatever program name click was given."""
+    return " ".join(["nmt", *(ctx.command_path.split()[1:] if ctx else [])])
 
 
 def handle_errors(fn):
@@ -123,7 +122,7 @@ def handle_errors(fn):
         try:
             return fn(*args, **kwargs)
         except NmtError as e:
-            err.print(f"{command_name(fn)}: error: {e}", markup=False,
+            err.print(f"{command_path(get_current_context(silent=True))}: error: {e}", markup=False,
                       highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:

@@ -10,24 +10,16 @@ from pathlib import Path
 
 @lru_cache(maxsize=1)
 def cpu_flags() -> tuple[str, frozenset[str]]:
-    """The CPU's model name and its feature flags, as /proc/cpuinfo gives them (empty where it is missing)."""
-    model, flags = platform.processor() or platform.machine(), frozenset()
+    """The CPU's model name and feature flags from /proc/cpuinfo (the platform's name and no flags without it)."""
+    info: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
-            key = key.strip()
-            if key == "model name" and model in ("", platform.machine(), platform.processor()):
-                model = value.strip()
-            elif key == "flags" and not flags:
-                flags = frozenset(value.split())
+            info.setdefault(key.strip(), value.strip())  # the first processor's
     except OSError:
         pass
-    return model, flags
-
-
-def has_amx() -> bool:
-    """Whether the CPU multiplies bf16 on AMX tiles (Intel Sapphire Rapids and later)."""
-    return "amx_bf16" in cpu_flags()[1]
+    model = info.get("model name") or platform.processor() or platform.machine()
+    return model, frozenset(info.get("flags", "").split())
 
 
 def cpu_kind() -> str:
@@ -40,10 +32,8 @@ def cpu_kind() -> str:
         bf16 = "avx512_bf16, no AMX"
     else:
         bf16 = "no bf16 instructions"
-    for vendor, name in (("Intel", "Intel Xeon"), ("AMD", "AMD EPYC")):
-        if vendor in model and ("Xeon" in model or "EPYC" in model):
-            return f"{name} ({bf16})"
-    return f"{model} ({bf16})"
+    name = "Intel Xeon" if "Xeon" in model else "AMD EPYC" if "EPYC" in model else model
+    return f"{name} ({bf16})"
 
 
 def describe_machine() -> str:

@@ -172,6 +172,11 @@ def check_lengths(data: DataDir, splits: dict, config: ModelConfig) -> None:
                            f"model's {config.max_positions} positions hold; re-run nmt prepare (--max-len)")
 
 
+def metrics_line(metrics: dict) -> str:
+    """'valid_loss 2.816 valid_nll ...' for the log lines."""
+    return " ".join(f"{k} {v:.3f}" for k, v in metrics.items())
+
+
 class Trainer:
     """One training run. `run` loops over updates; each goes through `step` (the update), then `should_stop`
     and `validate_and_save` (the bookkeeping), so no kind of update can skip the bookkeeping (fairseq's
@@ -316,24 +321,29 @@ class Trainer:
         D.shutdown(ctx)
         return summary
 
-    def validate_starting_point(self) -> None:
-        """Fine-tuning: validate the --init-from model on the new data before the first update. It is the first
-        candidate for the best checkpoint (fine-tuning that only makes the model worse leaves it the best), and
-        its line is printed like every validation's."""
-        opts, ctx, state = self.opts, self.ctx, self.state
+    def validation_metrics(self) -> tuple[dict, float]:
+        """Validation loss, NLL and perplexity (and BLEU with --eval-bleu) over every process, and the figure
+        that ranks checkpoints: BLEU with --eval-bleu, else the loss."""
+        opts, ctx = self.opts, self.ctx
         metrics = validate(self.loss_module, self.valid_corpus, self.valid_batches, self.data.vocab,
                            opts.precision, self.device, ctx)
         if opts.eval_bleu:
             score = valid_bleu(self.model, self.data, self.device, opts.precision) if ctx.is_main else 0.0
             (metrics["valid_bleu"],) = D.all_reduce([score], ctx, self.device)
-        state.best = metrics["valid_bleu"] if opts.eval_bleu else metrics["valid_loss"]
+        return metrics, metrics["valid_bleu"] if opts.eval_bleu else metrics["valid_loss"]
+
+    def validate_starting_point(self) -> None:
+        """Fine-tuning: validate the --init-from model on the new data before the first update. It is the first
+        candidate for the best checkpoint (fine-tuning that only makes the model worse leaves it the best), and
+        its line is printed like every validation's."""
+        opts, ctx, state = self.opts, self.ctx, self.state
+        metrics, state.best = self.validation_metrics()
         self.log.write({"event": "valid", "update": 0, **metrics, "best": state.best, "baseline": True})
         rngs = D.gather_objects(rng_state(self.device), ctx)
         if ctx.is_main:
             write_checkpoint(serialize_checkpoint(self.checkpoint(rngs)), self.save_dir / "checkpoint_best.pt")
             if not opts.quiet:
-                shown = ("update 0 (the --init-from model): " + " ".join(f"{k} {v:.3f}" for k, v in metrics.items())
-                         + " (best)")
+                shown = f"update 0 (the --init-from model): {metrics_line(metrics)} (best)"
                 if sys.stdout.isatty():
                     print(shown, flush=True)
                 else:
@@ -479,12 +489,7 @@ class Trainer:
         do_save = numbered or end_of_epoch or reason is not None
         improved = False
         if do_valid:
-            metrics = validate(self.loss_module, self.valid_corpus, self.valid_batches, self.data.vocab,
-                               opts.precision, self.device, ctx)
-            if opts.eval_bleu:
-                score = valid_bleu(self.model, self.data, self.device, opts.precision) if ctx.is_main else 0.0
-                (metrics["valid_bleu"],) = D.all_reduce([score], ctx, self.device)
-            value = metrics["valid_bleu"] if opts.eval_bleu else metrics["valid_loss"]
+            metrics, value = self.validation_metrics()
             improved = state.best is None or (value > state.best if opts.eval_bleu else value < state.best)
             if improved:
                 state.best, state.bad_validations = value, 0
@@ -492,7 +497,7 @@ class Trainer:
                 state.bad_validations += 1
             self.log.write({"event": "valid", "update": updates, **metrics, "best": state.best})
             if not opts.quiet and ctx.is_main:
-                shown = f"update {updates}: " + " ".join(f"{k} {v:.3f}" for k, v in metrics.items())
+                shown = f"update {updates}: {metrics_line(metrics)}"
                 shown += " (best)" if improved else ""
                 if self.plain:
                     plain_line(shown)
