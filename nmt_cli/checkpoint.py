@@ -98,6 +98,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         stored = state.pop("sha256", None)
         if stored != payload_digest(state):
             raise NmtError(f"{path}: checksum mismatch: the file is corrupt (bytes changed since it was written)")
+        state["sha256"] = stored  # what it was checked against: names the contents (ranks compare it on resume)
     return state
 
 

@@ -76,6 +76,15 @@ def gather_objects(obj, ctx: DistContext) -> list:
     return out
 
 
+def broadcast_object(obj, ctx: DistContext):
+    """Rank 0's `obj`, on every process."""
+    if not ctx.enabled:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def shutdown(ctx: DistContext) -> None:
     if ctx.enabled and dist.is_initialized():
         dist.destroy_process_group()

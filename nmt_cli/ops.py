@@ -146,7 +146,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 hc, tc = h[start : start + chunk], target[start : start + chunk]
                 rows = hc.shape[0]
                 hc_real = hc.float()  # (rows, d)
-                if rows < chunk:
+                if rows < chunk and hc.device.type == "cpu":
                     # Pad the last chunk with zero rows: every matmul then has the same shape, and oneDNN does
                     # not build and cache new kernels for each batch. Zero rows add nothing to grad_weight.
                     hc = torch.cat([hc, hc.new_zeros(chunk - rows, hc.shape[1])])
@@ -156,9 +156,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 # - (1 - eps) * onehot(target); the other two terms are folded into the products below.
                 p = torch.softmax(logits, dim=-1)
                 # The loss from the same probabilities: nll = -log p[target], lse = logit[target] + nll.
-                target_p = p[:rows].gather(1, tc[:, None]).squeeze(1).float()
-                nll = -target_p.clamp_min(tiny).log()
-                lse = logits[:rows].gather(1, tc[:, None]).squeeze(1).float() + nll
+                target_logit = logits[:rows].gather(1, tc[:, None]).squeeze(1).float()
+                if compute_dtype == torch.float16:
+                    # fp16's smallest normal (6e-5) would cap a token's loss at 9.7, below ln |V| for a 37k
+                    # vocabulary: the log-sum-exp in float32 instead (CUDA only, where the pass is cheap)
+                    lse = torch.logsumexp(logits[:rows].float(), dim=-1)
+                    nll = lse - target_logit
+                else:
+                    target_p = p[:rows].gather(1, tc[:, None]).squeeze(1).float()
+                    nll = -target_p.clamp_min(tiny).log()
+                    lse = target_logit + nll
                 uniform = lse - hc_real @ w_mean  # cross-entropy against the uniform distribution
                 total += ((1 - smoothing) * nll + smoothing * uniform).sum()
                 grad_hidden[start : start + rows] = (
@@ -178,6 +185,17 @@ class _LinearCrossEntropy(torch.autograd.Function):
         hidden_dtype, weight_dtype = ctx.dtypes
         return ((grad_hidden * grad_output).to(hidden_dtype), (grad_weight * grad_output).to(weight_dtype),
                 None, None, None, None)
+
+
+# Rows of the output projection per chunk of the fused loss. CPU: 256 keeps a (rows x V) chunk in cache and
+# one kernel shape for oneDNN; CUDA: thousands, so a big model's (V x d) projection is read once or twice per
+# micro-batch instead of once per 256 rows.
+LOSS_CHUNK_ROWS = {"cpu": 256, "cuda": 4096}
+
+
+def loss_chunk_rows(device: torch.device) -> int:
+    """The fused loss's chunk of rows for a device (see LOSS_CHUNK_ROWS)."""
+    return LOSS_CHUNK_ROWS.get(device.type, 256)
 
 
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, smoothing: float = 0.0,

@@ -59,26 +59,21 @@ def set_rng_state(state: dict, device: torch.device) -> None:
 
 
 class Window:
-    """Loss and token sums since the last log line, kept on the device until `read` (one host sync)."""
+    """Loss and target token sums (over all processes) since the last log line."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
+    def __init__(self) -> None:
         self.reset(time.monotonic())
 
     def reset(self, now: float) -> None:
-        self.loss = torch.zeros((), dtype=torch.float64, device=self.device)
-        self.global_tokens = torch.zeros((), dtype=torch.float64, device=self.device)
-        self.tokens, self.time = 0, now
+        self.loss, self.tokens, self.time = 0.0, 0.0, now
 
-    def add(self, loss: torch.Tensor, tokens: int, global_tokens: torch.Tensor) -> None:
+    def add(self, loss: float, tokens: float) -> None:
         self.loss += loss
-        self.global_tokens += global_tokens
         self.tokens += tokens
 
     def read(self, now: float) -> dict:
         """Mean loss per target token and target tokens/s (all processes) since the last read; resets."""
-        loss, global_tokens = torch.stack([self.loss, self.global_tokens]).tolist()
-        record = {"loss": loss / max(self.tokens, 1), "tgt_tokens_per_s": global_tokens / max(now - self.time, 1e-9)}
+        record = {"loss": self.loss / max(self.tokens, 1), "tgt_tokens_per_s": self.tokens / max(now - self.time, 1e-9)}
         self.reset(now)
         return record
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
+import secrets
+import socket
 import sys
 import time
 from contextlib import closing, nullcontext
@@ -34,7 +37,7 @@ from .runstate import (
     set_rng_state,
     tensorboard_writer,
 )
-from .textio import remove_temporaries
+from .textio import atomic_path, remove_temporaries
 from .train_options import TrainOptions  # noqa: F401  (re-exported: callers import it from nmt_cli.train)
 from .update import (  # noqa: F401  (re-exported: nmt_cli.train is where callers look for the update)
     TranslationLoss,
@@ -212,6 +215,8 @@ class Trainer:
         self.schedule_changes = changed_options(self.save_dir / "options.json", opts) if resume is not None else []
 
         self.ctx = ctx = D.init_distributed(device)
+        if ctx.enabled:
+            self.agree_on_save_dir(resume)
         torch.manual_seed(opts.seed)
         self.model = model = Transformer(config).to(device)
         # fused: one kernel for all parameters' Adam update (CPU and CUDA); the per-tensor loop cost 4x more.
@@ -240,17 +245,47 @@ class Trainer:
         self.loss_module = TranslationLoss(model, opts.label_smoothing)
         if ctx.enabled:
             ids = [device.index] if device.type == "cuda" else None
-            # The only buffer (sinusoidal positions) is a constant: no need to broadcast it every step.
-            self.runner: nn.Module = DistributedDataParallel(self.loss_module, device_ids=ids, broadcast_buffers=False)
+            # The only buffer (sinusoidal positions) is a constant: no need to broadcast it every step (the flag
+            # is `forward_sync_buffers` from torch 2.12 on, `broadcast_buffers` before).
+            no_sync = {BUFFER_SYNC_FLAG: False}
+            self.runner: nn.Module = DistributedDataParallel(self.loss_module, device_ids=ids, **no_sync)
         else:
             self.runner = self.loss_module
         self.runner.train()
         # Numbered checkpoints (what `nmt average --last N` reads) come from one regular schedule only: the
         # update or minute interval when one is given, else epoch ends. Other saves update checkpoint_last.pt.
         self.interval_given = opts.save_interval_updates > 0 or opts.save_interval_minutes > 0
-        self.window = Window(device)
+        self.window = Window()
         self.stops = StopRequests()
         self.log = JsonLog(None)
+
+    def agree_on_save_dir(self, resume: dict | None) -> None:
+        """Multi-process runs: every process must see the save dir rank 0 writes to and have loaded the same
+        resume point from it, else all refuse with one line (a node that resumed from nothing while the others
+        resumed would train other weights, silently, until a collective hangs)."""
+        ctx = self.ctx
+        marker = self.save_dir / ".shared-check"
+        token = secrets.token_hex(8) if ctx.is_main else None
+        if ctx.is_main:
+            self.save_dir.mkdir(parents=True, exist_ok=True)
+            with atomic_path(marker) as tmp:
+                tmp.write_text(token, encoding="utf-8")
+        token = D.broadcast_object(token, ctx)  # sent once the marker is written
+        deadline = time.monotonic() + SHARED_DIR_WAIT
+        while not (seen := _reads(marker) == token) and time.monotonic() < deadline:
+            time.sleep(0.5)  # a network filesystem may show another node's new file a few seconds late
+        point = (resume["updates"], resume.get("sha256")) if resume is not None else None
+        views = D.gather_objects((socket.gethostname(), seen, point), ctx)
+        blind = [f"rank {rank} on {host}" for rank, (host, saw, _) in enumerate(views) if not saw]
+        if blind:
+            raise NmtError(f"{self.save_dir}: {', '.join(blind)} cannot see the --save-dir rank 0 writes to; a "
+                           "multi-node run needs --save-dir on one filesystem shared by every node")
+        points = {p for _, _, p in views}
+        if len(points) > 1:
+            found = ", ".join(f"rank {r}: {'update ' + str(p[0]) if p else 'no checkpoint'}"
+                              for r, (_, _, p) in enumerate(views))
+            raise NmtError(f"{self.last_path}: the processes loaded different resume points ({found}); was it "
+                           "replaced while the run started? start it again")
 
     def initial_model(self, data: DataDir) -> dict:
         """The --init-from checkpoint, checked against the data's vocabulary."""
@@ -377,8 +412,10 @@ class Trainer:
         lr *= cooldown_factor(self.budget_used(), opts.cooldown)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        loss, global_tokens = train_step(self.runner, self.model, micro, self.optimizer, self.scaler, opts,
-                                         self.ctx, self.device)
+        loss, global_tokens, shared = train_step(self.runner, self.model, micro, self.optimizer, self.scaler, opts,
+                                                 self.ctx, self.device, lambda: self.host_flags(time.monotonic()))
+        now = time.monotonic()
+        time_up, save_due, signalled = self.read_flags(shared)
         skipped = global_tokens is None
         state.batch_pos += len(micro)
         end_of_epoch = state.batch_pos >= batches_in_epoch
@@ -391,10 +428,7 @@ class Trainer:
                             "loss_scale": self.scaler.get_scale() if self.scaler.is_enabled() else None})
         else:
             state.updates += 1
-            self.window.add(loss, sum(b.ntokens for b in micro), global_tokens)
-        now = time.monotonic()
-        state.elapsed = now - self.start
-        time_up, save_due, signalled = self.shared_flags(now)
+            self.window.add(loss, global_tokens)
         reason = self.should_stop(end_of_epoch, time_up, signalled)
         if not skipped and (state.updates % opts.log_interval == 0 or reason is not None):
             self.log_train(lr, now, end_of_epoch)
@@ -412,19 +446,23 @@ class Trainer:
             shares.append(state.elapsed / (opts.max_time * 60))
         return max(shares)
 
-    def shared_flags(self, now: float) -> tuple[bool, bool, str | None]:
-        """Time limit reached, minute interval due, stop signal received: decided alike by every process."""
+    def host_flags(self, now: float) -> list[float]:
+        """This process's view of: time limit reached, minute interval due, SIGTERM, SIGINT received, seconds
+        of training; `train_step` sums them over processes with its loss (no extra host read)."""
         opts = self.opts
-        signal_code = {"SIGTERM": 1.0, "SIGINT": 2.0}.get(self.stops.requested or "", 0.0)
+        elapsed = now - self.start
         save_due = opts.save_interval_minutes > 0 and now - self.last_interval_save >= opts.save_interval_minutes * 60
-        flags = [float(opts.max_time > 0 and self.state.elapsed >= opts.max_time * 60), float(save_due), signal_code,
-                 self.state.elapsed]
-        if self.ctx.enabled:
-            flags = D.all_reduce(flags, self.ctx, self.device, op="max")
-            # every process uses the same clock, so a time-based --cooldown gives them the same learning rate
-            self.state.elapsed = flags[3]
-        signalled = {1.0: "SIGTERM", 2.0: "SIGINT"}.get(flags[2])
-        return flags[0] > 0, flags[1] > 0, signalled
+        return [float(opts.max_time > 0 and elapsed >= opts.max_time * 60), float(save_due),
+                float(self.stops.requested == "SIGTERM"), float(self.stops.requested == "SIGINT"), elapsed]
+
+    def read_flags(self, summed: list[float]) -> tuple[bool, bool, str | None]:
+        """Time limit reached, minute interval due, stop signal received: the same on every process (each
+        flag raised by any process counts; the clock is the processes' mean, so a time-based --cooldown gives
+        them the same learning rate)."""
+        time_up, save_due, sigterm, sigint, elapsed = summed
+        self.state.elapsed = elapsed / self.ctx.world_size
+        signalled = "SIGINT" if sigint > 0 else "SIGTERM" if sigterm > 0 else None
+        return time_up > 0, save_due > 0, signalled
 
     def should_stop(self, end_of_epoch: bool, time_up: bool, signalled: str | None) -> str | None:
         """Why training stops after this update, if it does."""
@@ -542,6 +580,19 @@ class Trainer:
             "progress": self.state.to_dict(),
             "updates": self.state.updates,
         }
+
+
+BUFFER_SYNC_FLAG = ("forward_sync_buffers" if "forward_sync_buffers" in
+                    inspect.signature(DistributedDataParallel.__init__).parameters else "broadcast_buffers")
+# Seconds a process waits to see rank 0's marker in the save dir before it judges the folder not shared.
+SHARED_DIR_WAIT = 10.0
+
+
+def _reads(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return None
 
 
 def _clock(seconds: float) -> str:

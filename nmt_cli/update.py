@@ -4,6 +4,7 @@ gradient accumulation (no host sync per micro-batch), and validation loss / BLEU
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
@@ -14,7 +15,7 @@ from torch import nn
 from . import distributed as D
 from .data import Batch, DataDir, collate
 from .model import Transformer
-from .ops import linear_cross_entropy, linear_cross_entropy_and_nll
+from .ops import linear_cross_entropy, linear_cross_entropy_and_nll, loss_chunk_rows
 
 if TYPE_CHECKING:
     from .train_options import TrainOptions
@@ -48,9 +49,10 @@ class TranslationLoss(nn.Module):
         hidden = self.model(src, prev_output).flatten(0, 1).index_select(0, target_index)  # (n, d)
         # Only the real target positions reach the output projection (padding would cost matmul rows),
         # and the (tokens x V) logits are never held at once (see ops.linear_cross_entropy).
+        chunk = loss_chunk_rows(hidden.device)
         if with_nll:
-            return linear_cross_entropy_and_nll(hidden, self.model.embed.weight, target, self.label_smoothing)
-        return linear_cross_entropy(hidden, self.model.embed.weight, target, self.label_smoothing)
+            return linear_cross_entropy_and_nll(hidden, self.model.embed.weight, target, self.label_smoothing, chunk)
+        return linear_cross_entropy(hidden, self.model.embed.weight, target, self.label_smoothing, chunk)
 
 
 def autocast_context(precision: str, device: torch.device):
@@ -100,14 +102,17 @@ def valid_bleu(model: Transformer, data: DataDir, device: torch.device, precisio
 
 
 def train_step(runner: nn.Module, model: Transformer, micro: list[Batch], optimizer, scaler, opts: TrainOptions,
-               ctx: D.DistContext, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One update from the micro-batches of `micro` (gradient accumulation); returns this process's summed
-    loss and the global target token count, both on the device, or (loss, None) when the update was skipped
-    (non-finite gradients: weights and optimizer untouched).
+               ctx: D.DistContext, device: torch.device,
+               flags: Callable[[], Sequence[float]] | None = None) -> tuple[float, float | None, list[float]]:
+    """One update from the micro-batches of `micro` (gradient accumulation). Returns the loss summed over
+    every process's target tokens, the global target token count (None when the update was skipped: non-finite
+    gradients, weights and optimizer untouched), and the numbers `flags()` gives (the run's stop and save
+    flags, taken once the gradients are in) summed over processes.
 
     The loss is summed over target tokens and divided by the global token count; DDP averages gradients
-    over processes, hence the world_size factor. The only host sync is the finiteness check, once per update:
-    of the gradient norm (all-reduced gradients, so every process decides alike), or the fp16 loss scaler's.
+    over processes, hence the world_size factor. All of it costs one small all-reduce and one host read per
+    update: the loss, the finiteness of the gradient norm (all-reduced gradients, so every process decides
+    alike) and the flags travel in one device tensor, read before the optimizer step.
     """
     local_tokens = sum(b.ntokens for b in micro)
     # Filled on the device (torch.tensor would copy from pageable host memory, which waits for the stream).
@@ -123,20 +128,31 @@ def train_step(runner: nn.Module, model: Transformer, micro: list[Batch], optimi
                 loss = runner(batch.src, batch.prev_output, batch.target_index, batch.target)
             scaler.scale(loss * factor).backward()
         update_loss += loss.detach()
-    if opts.clip_norm > 0:
-        if scaler.is_enabled():
-            scaler.unscale_(optimizer)
-        norm = nn.utils.clip_grad_norm_(model.parameters(), opts.clip_norm)
-    elif not scaler.is_enabled():  # the scaler checks its gradients itself; otherwise the norm is the check
-        norm = nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
     if scaler.is_enabled():
-        scale_before = scaler.get_scale()
-        scaler.step(optimizer)  # skips the step itself on inf/NaN gradients
-        scaler.update()
-        skipped = scaler.get_scale() < scale_before
+        scaler.unscale_(optimizer)  # records its own inf check for scaler.update, on the device
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if opts.clip_norm > 0:
+        norm = nn.utils.clip_grad_norm_(model.parameters(), opts.clip_norm)
     else:
-        skipped = not math.isfinite(float(norm))
-        if not skipped:
-            optimizer.step()
+        norm = nn.utils.get_total_norm(grads)
+    # [loss, non-finite, tokens, *flags]: summed over processes in one all-reduce, read in one go
+    host_values = _on_device([local_tokens, *(flags() if flags else ())], device)
+    shared = torch.cat([torch.stack([update_loss, (~torch.isfinite(norm)).double()]), host_values])
+    if ctx.enabled:
+        dist.all_reduce(shared)
+    loss_sum, non_finite, tokens, *flags_summed = shared.tolist()  # the update's one host read
+    skipped = non_finite > 0
+    if not skipped:
+        optimizer.step()
+    if scaler.is_enabled():
+        scaler.update()  # lowers the scale after non-finite gradients, raises it after enough finite ones
     optimizer.zero_grad(set_to_none=True)
-    return update_loss, None if skipped else global_tokens
+    return loss_sum, None if skipped else tokens, flags_summed
+
+
+def _on_device(values: Sequence[float], device: torch.device) -> torch.Tensor:
+    """A few host numbers as a float64 tensor on `device`, copied without waiting for the device's queue."""
+    t = torch.tensor(values, dtype=torch.float64)
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)

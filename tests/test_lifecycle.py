@@ -170,8 +170,8 @@ def test_skipped_update_at_an_epoch_end_still_validates_and_saves(toy_data, tmp_
 
     def last_of_epoch_one_is_nan(runner, model, micro, *rest):
         calls.append(1)
-        loss, tokens = real(runner, model, micro, *rest)
-        return (loss, None) if len(calls) == per_epoch else (loss, tokens)
+        loss, tokens, flags = real(runner, model, micro, *rest)
+        return (loss, None, flags) if len(calls) == per_epoch else (loss, tokens, flags)
 
     from nmt_cli.data import DataDir, make_batches
 

@@ -251,6 +251,18 @@ def test_linear_cross_entropy_target_underflow_stays_finite():
     torch.testing.assert_close(grads, (hidden.grad, weight.grad))
 
 
+def test_fp16_loss_is_not_capped_at_fp16s_smallest_probability():
+    """In fp16 a token whose probability is below 6e-5 (every token of an untrained 37k-vocabulary model) costs
+    its real -log p, not -log(6e-5) = 9.7: the logged loss of an untrained model is ln |V| = 10.5, not 9.7."""
+    torch.manual_seed(0)
+    vocab, d, n = 37_000, 64, 32
+    weight, hidden, target = torch.randn(vocab, d) * 0.5, torch.randn(n, d) * 0.5, torch.randint(0, vocab, (n,))
+    reference = F.cross_entropy(hidden @ weight.t(), target, label_smoothing=0.1, reduction="sum") / n
+    assert reference > 11
+    loss = linear_cross_entropy(hidden.half().requires_grad_(), weight.half().requires_grad_(), target, 0.1) / n
+    assert abs(float(loss.detach()) - float(reference)) < 0.01
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_explicit_attention_equals_fused_attention(causal):
     torch.manual_seed(0)

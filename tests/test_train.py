@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import subprocess
@@ -223,12 +224,26 @@ def test_one_host_read_per_update_not_per_micro_batch(toy_data, monkeypatch):
 
         monkeypatch.setattr(torch.Tensor, name, counted)
     before = [p.detach().clone() for p in model.parameters()]
-    loss, tokens = train_step(TranslationLoss(model, 0.1), model, micro, optimizer, scaler,
-                              _opts(toy_data, Path(".")), D.DistContext(), torch.device("cpu"))
+    loss, tokens, flags = train_step(TranslationLoss(model, 0.1), model, micro, optimizer, scaler,
+                                     _opts(toy_data, Path(".")), D.DistContext(), torch.device("cpu"),
+                                     lambda: [1.0, 0.0, 2.5])
     monkeypatch.undo()
     assert len(reads) == 1, reads
-    assert int(tokens) == sum(b.ntokens for b in micro) and float(loss) > 0
+    assert tokens == sum(b.ntokens for b in micro) and loss > 0 and flags == [1.0, 0.0, 2.5]
     assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_one_host_read_per_update_in_the_whole_loop(toy_data, tmp_path, processes):
+    """Each update of the run loop (step, flags, logging, bookkeeping) reads the device once, in one process
+    and under torchrun with 2 processes (where the flags and the loss travel in one all-reduce)."""
+    script = Path(__file__).with_name("host_reads.py")
+    launch = [] if processes == 1 else ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    result = subprocess.run([sys.executable, *launch, str(script), str(toy_data), str(tmp_path / "ck"), "6"],
+                            capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    per_step = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(per_step) == 5 and all(len(reads) == 1 for reads in per_step), per_step
 
 
 def test_non_finite_gradient_skips_the_update(toy_data):
@@ -244,10 +259,10 @@ def test_non_finite_gradient_skips_the_update(toy_data):
     model.encoder[0].feed_forward.w1.weight.register_hook(lambda g: g * float("nan"))  # finite loss, NaN gradient
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     before = [p.detach().clone() for p in model.parameters()]
-    loss, tokens = train_step(TranslationLoss(model, 0.1), model, micro, optimizer,
-                              torch.amp.GradScaler("cpu", enabled=False), _opts(toy_data, Path(".")),
-                              D.DistContext(), torch.device("cpu"))
-    assert torch.isfinite(loss) and tokens is None
+    loss, tokens, _ = train_step(TranslationLoss(model, 0.1), model, micro, optimizer,
+                                 torch.amp.GradScaler("cpu", enabled=False), _opts(toy_data, Path(".")),
+                                 D.DistContext(), torch.device("cpu"))
+    assert math.isfinite(loss) and tokens is None
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
     assert not optimizer.state  # Adam's moments untouched too
 
