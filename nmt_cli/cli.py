@@ -28,6 +28,7 @@ except ImportError:  # pragma: no cover
     from click.globals import get_current_context
 
 from .errors import NmtError
+from .hardware import check_torch_version
 
 err = Console(stderr=True, soft_wrap=True)  # messages stay one line in logs, whatever the width
 Arch = Enum("Arch", {name: name for name in ("tiny", "small", "base", "big")}, type=str)
@@ -120,6 +121,9 @@ def handle_errors(fn):
         if not getattr(fn, "collects_after_loading", False):
             start_up_done()
         try:
+            import torch
+
+            check_torch_version(torch.__version__)
             return fn(*args, **kwargs)
         except NmtError as e:
             err.print(f"{command_path(get_current_context(silent=True))}: error: {e}", markup=False,

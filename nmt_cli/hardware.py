@@ -41,3 +41,18 @@ def describe_machine() -> str:
     import torch
 
     return f"{cpu_kind()}: {cpu_flags()[0]}, {os.cpu_count()} cores, torch {torch.__version__}"
+
+
+# The oldest PyTorch nmt runs on: nn.utils.get_total_norm (2.6), fused Adam on CPU (2.4), torch.get_autocast_dtype
+# (2.4), init_process_group(device_id=) (2.3). tests/test_layout.py checks pyproject.toml says the same.
+MIN_TORCH = (2, 6)
+
+
+def check_torch_version(version: str) -> None:
+    """One NmtError when `version` (torch.__version__) is older than MIN_TORCH."""
+    from .errors import NmtError
+
+    release = tuple(int(part) for part in version.split("+")[0].split(".")[:2] if part.isdigit())
+    if release < MIN_TORCH:
+        wanted = ".".join(map(str, MIN_TORCH))
+        raise NmtError(f"nmt needs torch {wanted} or newer, found {version}: pip install 'torch>={wanted}'")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, fields
@@ -15,6 +17,7 @@ from pathlib import Path
 import torch
 
 from .errors import NmtError
+from .textio import alive, host_name
 
 
 @dataclass
@@ -149,12 +152,20 @@ class StopRequests:
             signal.signal(sig, handler)
 
 
+# flock's errors on filesystems mounted without it (Lustre's default, some NFS setups)
+NO_FLOCK = {errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL}
+
+
 class SaveDirLock:
-    """An exclusive lock on a save directory for the life of a run; the OS releases it when the run dies."""
+    """An exclusive lock on a save directory for the life of a run. With flock, the OS releases it when the run
+    dies; where the filesystem has no flock, an exclusive-create lock file (`.lock.excl`, holding pid@host)
+    stands in: one left by a dead process of this host is taken over, another host's is reported."""
 
     def __init__(self, save_dir: Path) -> None:
         self.path = save_dir / ".lock"
+        self.exclusive = save_dir / ".lock.excl"
         self.file = None
+        self.owns_exclusive = False
 
     def __enter__(self) -> SaveDirLock:
         self.file = open(self.path, "a+")
@@ -166,13 +177,49 @@ class SaveDirLock:
             self.file.close()
             raise NmtError(f"{self.path.parent}: another nmt train is using this --save-dir (pid {holder}); "
                            "wait for it or choose another --save-dir") from None
+        except OSError as e:
+            if e.errno not in NO_FLOCK:
+                raise
+            self.take_exclusive_file()
         self.file.seek(0)
         self.file.truncate()
         self.file.write(str(os.getpid()))
         self.file.flush()
         return self
 
+    def take_exclusive_file(self) -> None:
+        """The lock without flock: create `.lock.excl` or fail because it exists."""
+        me = f"{os.getpid()}@{host_name()}"
+        for _ in range(2):
+            try:
+                fd = os.open(self.exclusive, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = _read(self.exclusive)
+                pid, _, host = holder.partition("@")
+                if host == host_name() and pid.isdigit() and not alive(int(pid)):
+                    print(f"nmt train: {self.exclusive}: removed a stale lock of pid {pid} (gone)", file=sys.stderr)
+                    self.exclusive.unlink(missing_ok=True)
+                    continue
+                self.file.close()
+                raise NmtError(f"{self.exclusive}: this --save-dir is locked by pid {pid or '?'} on "
+                               f"{host or 'an unknown host'} (the filesystem has no flock, so nmt uses this "
+                               "file); if no nmt train runs there, remove the file") from None
+            with os.fdopen(fd, "w") as f:
+                f.write(me)
+            self.owns_exclusive = True
+            return
+
     def __exit__(self, *exc) -> None:
-        if self.file:
+        if self.owns_exclusive:
+            self.exclusive.unlink(missing_ok=True)
+        elif self.file:
             fcntl.flock(self.file, fcntl.LOCK_UN)
+        if self.file:
             self.file.close()
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except OSError:
+        return ""

@@ -6,7 +6,9 @@ import contextlib
 import gzip
 import hashlib
 import os
+import re
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -74,23 +76,30 @@ def fsync_path(path: Path, directory: bool = False) -> None:
         os.close(fd)
 
 
+def host_name() -> str:
+    """This machine's name, in the characters a file name part may hold."""
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "host"
+
+
 def temporary_prefix(path: Path) -> str:
-    """The name prefix of `path`'s temporary files and directories: `.NAME.PID.` (the pid tells a killed
-    run's leftovers from a running one's)."""
-    return f".{path.name}.{os.getpid()}."
+    """The name prefix of `path`'s temporary files and directories: `.NAME.PID@HOST.` (the pid and host tell a
+    killed run's leftovers from those of a run still going, here or on another node of a shared filesystem)."""
+    return f".{path.name}.{os.getpid()}@{host_name()}."
 
 
 def remove_temporaries(folder: Path, name: str | None = None) -> None:
-    """Remove the `.NAME.PID.*.tmp` files and directories in `folder` (of `name`, or of any name) whose
-    process is gone: what killed runs left behind."""
+    """Remove the `.NAME.PID@HOST.*.tmp` files and directories in `folder` (of `name`, or of any name) left by
+    processes of this host that are gone: what killed runs left behind. Another host's are left alone (its
+    processes cannot be checked from here)."""
     if not folder.is_dir():
         return
+    here = host_name()
     for entry in folder.glob(f".{name}.*.tmp" if name else ".*.tmp"):
         parts = entry.name[: -len(".tmp")].rsplit(".", 2)
-        if len(parts) != 3 or not parts[1].isdigit() or (name is not None and parts[0] != f".{name}"):
+        if len(parts) != 3 or (name is not None and parts[0] != f".{name}"):
             continue
-        pid = int(parts[1])
-        if pid == os.getpid() or _alive(pid):
+        pid, _, host = parts[1].partition("@")  # no host: written by an older nmt, on this machine
+        if not pid.isdigit() or (host and host != here) or int(pid) == os.getpid() or alive(int(pid)):
             continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
@@ -98,7 +107,8 @@ def remove_temporaries(folder: Path, name: str | None = None) -> None:
             entry.unlink(missing_ok=True)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether a process of this host has this pid."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -252,8 +252,9 @@ class Trainer:
         else:
             self.runner = self.loss_module
         self.runner.train()
-        # Numbered checkpoints (what `nmt average --last N` reads) come from one regular schedule only: the
-        # update or minute interval when one is given, else epoch ends. Other saves update checkpoint_last.pt.
+        # Numbered checkpoints (what `nmt average --last N` reads) come from one regular schedule: the update or
+        # minute interval when one is given, else epoch ends; and the final update. Other saves (a stop signal,
+        # an epoch end under an interval) update checkpoint_last.pt only.
         self.interval_given = opts.save_interval_updates > 0 or opts.save_interval_minutes > 0
         self.window = Window()
         self.stops = StopRequests()
@@ -467,15 +468,15 @@ class Trainer:
     def should_stop(self, end_of_epoch: bool, time_up: bool, signalled: str | None) -> str | None:
         """Why training stops after this update, if it does."""
         opts, state = self.opts, self.state
-        if signalled:
-            return signalled
+        # A limit first: a stop signal that lands on the final update still ends the run as finished (final
+        # validation, final numbered checkpoint, exit 0: nothing left for a requeued job to do).
         if opts.max_updates and state.updates >= opts.max_updates:
             return "max_updates"
         if end_of_epoch and opts.max_epochs and state.epoch > opts.max_epochs:
             return "max_epochs"
         if time_up:
             return "max_time"
-        return None
+        return signalled
 
     def finished_reason(self) -> str | None:
         """The limit a resumed run has already reached (re-running a finished command trains nothing)."""
@@ -516,14 +517,17 @@ class Trainer:
         opts, state, ctx = self.opts, self.state, self.ctx
         updates = state.updates
         signalled = reason in EXIT_CODES
+        finished = reason is not None and not signalled  # a limit: the end of training
+        # A stop signal skips nothing this update was due (an epoch end's validation and numbered checkpoint
+        # would otherwise be lost for good); it only adds the save of checkpoint_last.pt.
         on_interval = not skipped and bool(opts.valid_interval) and updates % opts.valid_interval == 0
-        do_valid = not signalled and (on_interval or (not opts.valid_interval and end_of_epoch) or reason is not None)
+        do_valid = on_interval or (not opts.valid_interval and end_of_epoch) or finished
         if self.interval_given:
             numbered = save_due or (not skipped and bool(opts.save_interval_updates)
                                     and updates % opts.save_interval_updates == 0)
         else:
             numbered = end_of_epoch
-        numbered = numbered and not signalled
+        numbered = numbered or finished  # the final update is always numbered: `nmt average --last N` ends there
         do_save = numbered or end_of_epoch or reason is not None
         improved = False
         if do_valid:
@@ -543,7 +547,7 @@ class Trainer:
                     self.bar.console.print(shown)
             if opts.patience and state.bad_validations >= opts.patience and reason is None:
                 reason = "patience"
-                do_save = True
+                do_save = numbered = True
         if do_save or improved:
             rngs = D.gather_objects(rng_state(self.device), ctx)
             if ctx.is_main:

@@ -9,6 +9,10 @@
 # Data as in fairseq's prepare-wmt14en2de.sh: Europarl v7, Common Crawl and News Commentary v9 (about 4.5M
 # pairs), punctuation normalized and non-printing characters removed before Moses tokenization; newstest2013
 # (dev) and the full newstest2014 (3003 segments, test).
+#
+# On N nodes, WMT14_EXP must be one folder shared by every node (the training's --save-dir is in it, and
+# `nmt train` refuses a save dir some node cannot see). Node 0 alone downloads, prepares, averages, translates
+# and scores; the other nodes wait for its data (WMT14_WAIT_MINUTES), train, and stop after training.
 
 WMT14_DATA         ?=
 TEST_DATA          ?= $(wildcard ../shared/data/wmt14)
@@ -22,14 +26,27 @@ MASTER_PORT        ?= 29500
 WMT14_DEVICE       ?= cuda
 WMT14_ARCH         ?=
 WMT14_UPDATES      ?=
-WMT14_SAVE_MINUTES ?= 10
-WMT14_SAVE_UPDATES ?= 0
+# Numbered checkpoints (what `nmt average --last N` reads) by update count, at the paper's spacing whatever the
+# GPU: base trained 100k updates in 12 hours and saved every 10 minutes, 72 checkpoints, one every ~1,400
+# updates; big trained 300k updates in 3.5 days, 504 checkpoints, one every ~600. The final update is always
+# saved as a numbered checkpoint too. WMT14_SAVE_MINUTES adds a minute interval (0: off).
+WMT14_SAVE_MINUTES ?= 0
+WMT14_SAVE_UPDATES ?=
 WMT14_PRECISION    ?= bf16
 WMT14_TEST_LINES   ?= 3003
+WMT14_WAIT_MINUTES ?= 180
 # Paper: ~25k source + 25k target tokens per update on 8 GPUs. --max-tokens counts padding, so 4096 per GPU
-# over 8 GPUs (or their equivalent through --update-freq) gives about 25k real target tokens.
-WMT14_MAX_TOKENS   ?= 4096
-WMT14_UPDATE_FREQ  ?= $(shell n=$$(( $(GPUS) * $(NNODES) )); echo $$(( (8 + n - 1) / n )))
+# over 8 GPUs (32,768) gives about 25k real target tokens; recipes/wmt14_batch.py keeps that product for any
+# GPUS x NNODES (a higher --update-freq below 8 GPUs, a lower --max-tokens above), and checks the numbers.
+ifneq ($(filter wmt14%,$(MAKECMDGOALS)),)
+WMT14_BATCH := $(shell python3 recipes/wmt14_batch.py --gpus '$(GPUS)' --nnodes '$(NNODES)' \
+                 --node-rank '$(NODE_RANK)' 2>&1)
+ifneq ($(.SHELLSTATUS),0)
+$(error $(WMT14_BATCH))
+endif
+endif
+WMT14_MAX_TOKENS   ?= $(word 1,$(WMT14_BATCH))
+WMT14_UPDATE_FREQ  ?= $(word 2,$(WMT14_BATCH))
 WMT14_TRAIN_FLAGS  ?=
 
 WMT14_RAW = $(WMT14_EXP)/raw
@@ -47,20 +64,27 @@ $(WMT14_RAW)/.done: | install
 	python3 recipes/wmt14_data.py --out $(WMT14_RAW) $(if $(WMT14_DATA),--archives $(WMT14_DATA)) \
 	  $(if $(TEST_DATA),--test-data $(TEST_DATA)) --test-lines $(WMT14_TEST_LINES)
 
+ifeq ($(NODE_RANK),0)
 $(WMT14_EXP)/data/meta.json: $(WMT14_RAW)/.done
 	nmt prepare -s en -t de --train $(WMT14_RAW)/train --valid $(WMT14_RAW)/valid --test $(WMT14_RAW)/test \
 	  --normalize-punctuation --bpe-merges $(WMT14_BPE) --max-len 250 --max-ratio 1.5 --out $(WMT14_EXP)/data --force
+else
+# nmt prepare publishes the data folder with one rename, so meta.json there means node 0 finished it.
+$(WMT14_EXP)/data/meta.json:
+	python3 recipes/wait_for.py $@ --minutes $(WMT14_WAIT_MINUTES) --what "node 0's data step"
+endif
 
-# $(1): base or big; $(2): updates; $(3): checkpoints averaged (and kept).
+# $(1): base or big; $(2): updates; $(3): checkpoints averaged (and kept); $(4): updates between them.
 define WMT14_MODEL
 $(WMT14_EXP)/$(1)/.trained: $(WMT14_EXP)/data/meta.json
 	$(TORCHRUN) -m nmt_cli train $(WMT14_EXP)/data --save-dir $(WMT14_EXP)/$(1) --arch $(or $(WMT14_ARCH),$(1)) \
 	  --max-updates $(or $(WMT14_UPDATES),$(2)) --warmup 4000 --lr-scale 1.0 --label-smoothing 0.1 \
 	  --precision $(WMT14_PRECISION) --max-tokens $(WMT14_MAX_TOKENS) --update-freq $(WMT14_UPDATE_FREQ) \
-	  --save-interval-minutes $(WMT14_SAVE_MINUTES) --save-interval-updates $(WMT14_SAVE_UPDATES) \
+	  --save-interval-minutes $(WMT14_SAVE_MINUTES) --save-interval-updates $(or $(WMT14_SAVE_UPDATES),$(4)) \
 	  --keep-last $(3) --valid-interval 1000 --device $(WMT14_DEVICE) --seed 1 $(WMT14_TRAIN_FLAGS)
 	@touch $$@
 
+ifeq ($(NODE_RANK),0)
 $(WMT14_EXP)/$(1)/model.pt: $(WMT14_EXP)/$(1)/.trained
 	nmt average --last $(3) $(WMT14_EXP)/$(1) -o $$@
 
@@ -72,7 +96,11 @@ $(WMT14_EXP)/$(1)/newstest2014.hyp: $(WMT14_EXP)/$(1)/model.pt
 
 wmt14-$(1): $(WMT14_EXP)/$(1)/newstest2014.hyp
 	nmt score --ref $(WMT14_EXP)/data/test.raw.de --hyp $$< --metrics bleu,chrf --tokenized-bleu de
+else
+wmt14-$(1): $(WMT14_EXP)/$(1)/.trained
+	@echo "wmt14-$(1): node $(NODE_RANK) finished training; node 0 averages, translates and scores"
+endif
 endef
 
-$(eval $(call WMT14_MODEL,base,100000,5))
-$(eval $(call WMT14_MODEL,big,300000,20))
+$(eval $(call WMT14_MODEL,base,100000,5,1400))
+$(eval $(call WMT14_MODEL,big,300000,20,600))

@@ -16,6 +16,7 @@ import html
 import os
 import re
 import shutil
+import socket
 import sys
 import tarfile
 import tempfile
@@ -58,7 +59,8 @@ def fetch_archives(archives: Path | None, orig: Path) -> dict[str, Path]:
             if not path.is_file():
                 orig.mkdir(parents=True, exist_ok=True)
                 print(f"downloading {url}", file=sys.stderr)
-                tmp = path.with_name(f".{name}.tmp")
+                # host and pid in the name: two nodes (or two runs) never write the same temporary file
+                tmp = path.with_name(f".{name}.{os.getpid()}@{socket.gethostname()}.tmp")
                 try:
                     with urllib.request.urlopen(url) as response, open(tmp, "wb") as f:
                         shutil.copyfileobj(response, f, 1 << 20)

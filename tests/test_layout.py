@@ -50,3 +50,22 @@ def test_no_import_circles():
 
 def test_the_circle_check_finds_one():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c", "a"]]
+
+
+def test_the_stated_torch_minimum_is_the_checked_one_and_older_torch_gets_one_line(monkeypatch):
+    """pyproject.toml's torch requirement is hardware.MIN_TORCH (the newest API the code calls: see there), and
+    a command run on an older torch stops with one line instead of an AttributeError mid-training."""
+    import re
+
+    import torch
+
+    from nmt_cli.hardware import MIN_TORCH
+
+    from .conftest import expect_error, run_cli
+
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    stated = re.search(r'"torch>=(\d+)\.(\d+)"', pyproject)
+    assert stated and tuple(map(int, stated.groups())) == MIN_TORCH
+    assert hasattr(torch.nn.utils, "get_total_norm")
+    monkeypatch.setattr(torch, "__version__", "2.5.1+cpu")
+    expect_error(run_cli("average", "x.pt", "-o", "y.pt"), "nmt needs torch 2.6 or newer, found 2.5.1+cpu")

@@ -76,6 +76,45 @@ def test_signal_finishes_the_update_saves_and_resumes(toy_data, tmp_path, sig, c
     assert starts[-1]["resumed_at"] == n and load_checkpoint(save / "checkpoint_last.pt")["updates"] == n + 2
 
 
+def _signal_during_update(monkeypatch, update: int) -> None:
+    """SIGTERM arrives while update number `update` is computed (as a scheduler's would, mid-update)."""
+    real = train_module.Trainer.host_flags
+
+    def host_flags(self, now):
+        if self.state.updates + 1 == update:
+            self.stops.requested = "SIGTERM"
+        return real(self, now)
+
+    monkeypatch.setattr(train_module.Trainer, "host_flags", host_flags)
+
+
+def test_signal_on_the_final_update_still_finishes_the_run(toy_data, tmp_path, monkeypatch):
+    """A stop signal that lands on the final update: the run ends as finished (final validation, final numbered
+    checkpoint), not as stopped with the end lost."""
+    save = tmp_path / "ck"
+    _signal_during_update(monkeypatch, 6)
+    summary = train(_opts(toy_data, save, max_updates=6, save_interval_updates=4))
+    assert summary["reason"] == "max_updates" and summary["updates"] == 6
+    assert sorted(p.name for p in save.glob("checkpoint_[0-9]*.pt")) == ["checkpoint_4.pt", "checkpoint_6.pt"]
+    assert [r["update"] for r in _log(save) if r["event"] == "valid"][-1] == 6
+
+
+def test_signal_on_an_epoch_end_keeps_its_validation_and_numbered_checkpoint(toy_data, tmp_path, monkeypatch):
+    from nmt_cli.data import DataDir, make_batches
+
+    corpus = DataDir.open(toy_data).split("train")
+    per_epoch = len(make_batches(corpus.src.sizes, corpus.tgt.sizes, 2048, 7))
+    save = tmp_path / "ck"
+    _signal_during_update(monkeypatch, per_epoch)
+    summary = train(_opts(toy_data, save, max_tokens=2048, max_updates=100, keep_last=0))
+    assert summary["reason"] == "SIGTERM" and summary["updates"] == per_epoch and summary["epoch"] == 2
+    assert [p.name for p in save.glob("checkpoint_[0-9]*.pt")] == [f"checkpoint_{per_epoch}.pt"]
+    assert [r["update"] for r in _log(save) if r["event"] == "valid"] == [per_epoch]
+    monkeypatch.undo()
+    summary = train(_opts(toy_data, save, max_tokens=2048, max_updates=2 * per_epoch, keep_last=0))
+    assert [r["update"] for r in _log(save) if r["event"] == "valid"] == [per_epoch, 2 * per_epoch]
+
+
 def test_second_ctrl_c_aborts_at_once(toy_data, tmp_path):
     save = tmp_path / "ck"
     proc = subprocess.Popen(_train_cli(toy_data, save, "--max-updates", "100000", "--arch", "base"),
@@ -116,6 +155,48 @@ def test_leftovers_of_killed_runs_are_removed(toy_data, tmp_path):
     assert not staging.exists()
 
 
+def test_temporaries_of_another_host_are_left_alone(tmp_path):
+    """On a filesystem shared by nodes, a pid says nothing about another host's process: only this host's
+    dead processes' temporaries are removed (node 1 never deletes node 0's staging folder mid-write)."""
+    from nmt_cli.textio import atomic_path, host_name, remove_temporaries
+
+    dead = 2**22 + 12345
+    mine, theirs = tmp_path / f".data.{dead}@{host_name()}.ab.tmp", tmp_path / f".data.{dead}@node-7.cd.tmp"
+    older = tmp_path / f".data.{dead}.ef.tmp"  # no host: an older nmt's, on this machine
+    for path in (mine, theirs, older):
+        path.mkdir()
+    remove_temporaries(tmp_path, "data")
+    assert not mine.exists() and theirs.exists() and not older.exists()
+    with atomic_path(tmp_path / "out.txt") as tmp:
+        assert f".{os.getpid()}@{host_name()}." in tmp.name
+
+
+def test_save_dir_lock_without_flock(toy_data, tmp_path, monkeypatch):
+    """On a filesystem without flock (ENOSYS, Lustre's default) the lock is an exclusive-create file: a run
+    trains, a second run is refused while it is held, a dead local holder's file is taken over, another host's
+    is reported in one line."""
+    from nmt_cli import runstate
+    from nmt_cli.textio import host_name
+
+    def no_flock(*args):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(runstate.fcntl, "flock", no_flock)
+    save = tmp_path / "ck"
+    train(_opts(toy_data, save, max_updates=1))
+    assert not (save / ".lock.excl").exists()  # released at the end
+    with runstate.SaveDirLock(save):
+        second = _train_cli(toy_data, save, "--max-updates", "2", "--quiet", "--max-tokens", "512")[3:]
+        expect_error(run_cli(*second), ".lock.excl", f"locked by pid {os.getpid()} on {host_name()}",
+                     "remove the file")
+    (save / ".lock.excl").write_text(f"{2**22 + 12345}@{host_name()}")  # a killed run's, on this host
+    train(_opts(toy_data, save, max_updates=2))
+    assert load_checkpoint(save / "checkpoint_last.pt")["updates"] == 2
+    (save / ".lock.excl").write_text("4242@node-7")
+    expect_error(run_cli(*_train_cli(toy_data, save, "--max-updates", "3", "--quiet", "--max-tokens", "512")[3:]),
+                 "locked by pid 4242 on node-7")
+
+
 def test_full_disk_while_saving_keeps_the_previous_checkpoint(toy_data, tmp_path, monkeypatch):
     save = tmp_path / "ck"
     train(_opts(toy_data, save, max_updates=2))
@@ -127,7 +208,7 @@ def test_full_disk_while_saving_keeps_the_previous_checkpoint(toy_data, tmp_path
     monkeypatch.setattr("nmt_cli.textio.fsync_path", full)
     expect_error(run_cli("train", toy_data, "--save-dir", save, "--arch", "tiny", "--max-tokens", "512", "--warmup",
                          "50", "--device", "cpu", "--seed", "7", "--max-updates", "4", "--quiet"),
-                 "checkpoint_last.pt", "No space left on device")
+                 "checkpoint_4.pt", "No space left on device")  # the final numbered one, written before the last
     monkeypatch.undo()
     assert (save / "checkpoint_last.pt").read_bytes() == before
     assert not list(save.glob(".*.tmp"))
@@ -479,5 +560,6 @@ def test_nothing_is_written_outside_the_named_outputs(toy_data, toy_model, tmp_p
                             env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     assert list(tmp.iterdir()) == []
-    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [".lock", "checkpoint_best.pt", "checkpoint_last.pt",
-                                                                   "options.json", "train.jsonl"]
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [".lock", "checkpoint_2.pt", "checkpoint_best.pt",
+                                                                   "checkpoint_last.pt", "options.json",
+                                                                   "train.jsonl"]

@@ -116,6 +116,63 @@ def test_wmt14_recipe_rehearsal(wmt14_archives, tmp_path_factory, model, average
     assert "tokenized" in result.stdout.lower()
 
 
+def test_wmt14_recipe_on_two_nodes(wmt14_archives, tmp_path):
+    """`make wmt14-base NNODES=2`, the two nodes' make processes started side by side on loopback with one shared
+    WMT14_EXP: node 0 alone prepares the data, averages, translates and scores; node 1 waits for the data, trains
+    with it, and stops after training; both exit 0."""
+    from .test_multinode import free_port
+
+    exp = tmp_path / "shared-exp"
+    common = [f"WMT14_DATA={wmt14_archives}", "TEST_DATA=", f"WMT14_EXP={exp}", "WMT14_DEVICE=cpu", "GPUS=1",
+              "NNODES=2", "MASTER_ADDR=127.0.0.1", f"MASTER_PORT={free_port()}", "WMT14_ARCH=tiny", "WMT14_UPDATES=8",
+              "WMT14_SAVE_UPDATES=2", "WMT14_BPE=400", "WMT14_MAX_TOKENS=1024", f"WMT14_TEST_LINES={WMT14_TEST_LINES}",
+              "WMT14_TRAIN_FLAGS=--quiet", "WMT14_WAIT_MINUTES=5"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    nodes = [subprocess.Popen(["make", "-o", ".venv/.installed", "wmt14-base", f"NODE_RANK={rank}", *common],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for rank in (1, 0)]  # node 1 first: it must wait for node 0's data
+    (out1, err1), (out0, err0) = (p.communicate(timeout=900) for p in nodes)
+    assert [p.returncode for p in nodes] == [0, 0], (out1[-2000:], err1[-2000:], out0[-2000:], err0[-2000:])
+    assert "nmt prepare" in out0 and "nmt prepare" not in out1 and "wmt14_data.py" not in out1
+    assert "waiting for node 0's data step" in out1
+    assert "nmt translate" in out0 and "nmt translate" not in out1 and "nmt average" not in out1
+    assert "node 1 finished training" in out1
+    log = [json.loads(x) for x in (exp / "base" / "train.jsonl").read_text().splitlines()]
+    assert log[0]["world_size"] == 2 and log[-1]["event"] == "end" and log[-1]["updates"] == 8
+    assert len((exp / "base" / "newstest2014.hyp").read_text(encoding="utf-8").splitlines()) == WMT14_TEST_LINES
+
+
+def test_wmt14_batch_holds_the_papers_update_for_1_to_64_gpus():
+    """For every GPUS x NNODES from 1 to 64 the update holds the paper's 8 x 4096 tokens within 0.5% (never more),
+    and README's table shows the script's own numbers."""
+    sys.path.insert(0, str(REPO / "recipes"))
+    from wmt14_batch import PAPER_TOKENS, batch
+
+    for n in range(1, 65):
+        max_tokens, update_freq = batch(n, 1)
+        assert 0.995 * PAPER_TOKENS <= n * max_tokens * update_freq <= PAPER_TOKENS, n
+        assert batch(n // 2, 2) == (max_tokens, update_freq) if n % 2 == 0 else True
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    for gpus, nnodes in ((1, 1), (8, 1), (8, 2), (8, 8)):
+        max_tokens, update_freq = batch(gpus, nnodes)
+        row = f"| {gpus} x {nnodes} | {max_tokens} | {update_freq} |"
+        assert row in readme, row
+    bad_input = (["--gpus", "0"], ["--gpus", "x"], ["--gpus", "8", "--nnodes", "-1"],
+                 ["--gpus", "8", "--nnodes", "200"])
+    for bad in bad_input:
+        result = subprocess.run([sys.executable, str(REPO / "recipes" / "wmt14_batch.py"), *bad], capture_output=True,
+                                text=True)
+        _one_line_error(result, "wmt14: ")
+    result = _make("-n", "wmt14-base", "GPUS=eight")
+    assert result.returncode != 0 and "GPUS must be a positive integer (got 'eight')" in result.stderr
+
+
+def test_wait_for_gives_up_with_one_line(tmp_path):
+    result = subprocess.run([sys.executable, str(REPO / "recipes" / "wait_for.py"), str(tmp_path / "meta.json"),
+                             "--minutes", "0.01", "--what", "node 0's data step"], capture_output=True, text=True)
+    _one_line_error(result, "meta.json: not there after 0.01 minutes of waiting for node 0's data step")
+
+
 def _data_step(out: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO / "recipes" / "wmt14_data.py"), "--out", str(out), *args],
                           capture_output=True, text=True, timeout=300)
@@ -175,12 +232,12 @@ def test_wmt14_data_step_bad_input(tmp_path):
 
 def test_wmt14_dry_run_has_paper_settings():
     """The defaults are the paper's: a dry run shows the flags (the rehearsal above runs the same targets)."""
-    for model, updates, average in (("base", 100000, 5), ("big", 300000, 20)):
+    for model, updates, average, every in (("base", 100000, 5, 1400), ("big", 300000, 20, 600)):
         out = subprocess.run(["make", "-n", "-o", ".venv/.installed", f"wmt14-{model}", "GPUS=8"], cwd=REPO,
                              capture_output=True, text=True, check=True).stdout
         train = next(line for line in out.splitlines() if " train " in line)
         for flag in (f"--arch {model}", f"--max-updates {updates}", "--warmup 4000", "--label-smoothing 0.1",
-                     "--save-interval-minutes 10", "--precision bf16", "--max-tokens 4096", "--update-freq 1",
+                     f"--save-interval-updates {every}", "--precision bf16", "--max-tokens 4096", "--update-freq 1",
                      "--device cuda", f"--keep-last {average}"):
             assert flag in train, (flag, train)
         assert "--nproc_per_node 8" in train and f"nmt average --last {average}" in out

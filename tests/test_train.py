@@ -175,9 +175,9 @@ def test_checkpoints_kept_and_best(toy_data, tmp_path, keep_last):
     save = tmp_path / "ck"
     train(_opts(toy_data, save, max_updates=9, save_interval_updates=2, keep_last=keep_last, valid_interval=3))
     numbered = sorted(p.name for p in save.glob("checkpoint_[0-9]*.pt"))
-    # numbered checkpoints come from the interval only (equal spacing for averaging); the stop at 9 updates
-    # writes checkpoint_last.pt
-    assert numbered == ["checkpoint_6.pt", "checkpoint_8.pt"]
+    # numbered checkpoints come from the interval (equal spacing for averaging) and the final update, so that
+    # `nmt average --last N` ends where training ended
+    assert numbered == ["checkpoint_8.pt", "checkpoint_9.pt"]
     assert (save / "checkpoint_best.pt").exists() and (save / "checkpoint_last.pt").exists()
     state = load_checkpoint(save / "checkpoint_last.pt")
     for key in ("model", "config", "vocab", "bpe_codes", "source_lang", "target_lang", "optimizer", "rng", "progress"):
@@ -273,8 +273,8 @@ def test_numbered_checkpoints_at_epoch_ends_without_an_interval(toy_data, tmp_pa
     log = [json.loads(x) for x in (save / "train.jsonl").read_text().splitlines()]
     epoch_ends = [r["update"] for r in log if r["event"] == "valid"][:-1]  # the last validation is the stop's
     numbered = sorted(int(p.stem.split("_")[1]) for p in save.glob("checkpoint_[0-9]*.pt"))
-    assert numbered == epoch_ends and summary["updates"] == 30 and 30 not in numbered
-    assert len(set(b - a for a, b in zip(numbered, numbered[1:]))) == 1  # equal spacing
+    assert numbered == [*epoch_ends, 30] and summary["updates"] == 30  # epoch ends, and the final update
+    assert len(set(b - a for a, b in zip(numbered[:-1], numbered[1:-1]))) == 1  # epochs equally spaced
 
 
 def test_prefetch_keeps_order_and_raises_worker_errors():
