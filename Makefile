@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: install test test-margins lint bench bench-scale bench-gpu
+.PHONY: install test test-margins lint bench bench-scale bench-gpu bench-save gpu-check
 install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,13 @@ bench-scale: install   # prepare + train start-up at WMT14 size (about 30 minute
 
 bench-gpu: install     # base and big on all GPUs under torchrun (needs CUDA; `--estimate` runs anywhere)
 	$(BIN)/python benchmarks/gpu.py
+
+bench-save: install    # updates per minute with checkpoints written on the training thread vs the background writer
+	$(BIN)/python benchmarks/save.py
+
+DEVICE ?= cuda
+gpu-check: install     # does training work on this GPU, and how fast: one PASS/FAIL table in < 8 minutes, no download
+	$(BIN)/python benchmarks/gpu_check.py --device $(DEVICE)   # DEVICE=cpu: the same checks, tiny, ~1 minute
 
 include recipes/multi30k.mk
 include recipes/wmt14.mk

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
+import os
 import pickle
 import re
+import shutil
+import threading
 import warnings
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -54,27 +56,32 @@ def payload_digest(obj) -> str:
     return digest.hexdigest()
 
 
-def serialize_checkpoint(state: dict) -> bytes:
-    """The file contents of a checkpoint of `state`: its format, its contents and their checksum."""
+def with_digest(state: dict) -> dict:
+    """`state` as a checkpoint file holds it: with its format and the checksum of its contents."""
     payload = {**state, "format": FORMAT}
     payload.pop("sha256", None)
     payload["sha256"] = payload_digest(payload)
-    buffer = io.BytesIO()
-    torch.save(payload, buffer)
-    return buffer.getvalue()
+    return payload
 
 
-def write_checkpoint(blob: bytes, path: str | Path) -> None:
-    """Write serialized checkpoint bytes through a temporary file that is flushed to disk and renamed, so a
-    crash or a power cut never leaves a truncated checkpoint; a full disk is one NmtError, the old file kept."""
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as f:
-            f.write(blob)
-
-
-def save_checkpoint(state: dict, path: str | Path) -> None:
-    """serialize_checkpoint + write_checkpoint."""
-    write_checkpoint(serialize_checkpoint(state), path)
+def save_checkpoint(state: dict, *paths: str | Path) -> None:
+    """Write `state` as a checkpoint under each of `paths`, each through a temporary file that is flushed to disk
+    and renamed, so a crash or a power cut never leaves a truncated checkpoint; a full disk is one NmtError, the
+    old file kept. It is serialized once, to the first path; the others are hard links to that file (a
+    checkpoint file is only ever replaced, never changed in place, so names sharing one cannot see each other's
+    later saves), or copies where the filesystem has no hard links."""
+    first, *others = [Path(p) for p in paths]
+    payload = with_digest(state)
+    with atomic_path(first) as tmp:
+        with open(tmp, "wb") as f:  # a Python file: a full disk is an OSError (a path gives torch's RuntimeError)
+            torch.save(payload, f)
+    for path in others:
+        with atomic_path(path) as tmp:
+            tmp.unlink()
+            try:
+                os.link(first, tmp)
+            except OSError:
+                shutil.copyfile(first, tmp)
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
@@ -185,3 +192,55 @@ def model_only(state: dict) -> dict:
     out = {k: state[k] for k in (*SELF_CONTAINED_KEYS, "model", "averaged_from") if k in state}
     out["updates"] = state.get("updates", 0)
     return out
+
+
+def to_host(obj):
+    """A copy of a checkpoint's contents whose tensors are on the CPU and owned by the copy, so that training can
+    go on changing the live weights and optimizer state while the copy is written."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: to_host(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_host(v) for v in obj)
+    return obj
+
+
+class CheckpointWriter:
+    """Serializes, hashes and writes checkpoints on a background thread while training goes on: one save in
+    flight; the next save (and `wait`, on the stop path) waits for it. An error of the write (a full disk) is
+    raised by the next `save` or `wait`. With background=False, each save happens in the caller's thread."""
+
+    def __init__(self, background: bool = True) -> None:
+        self.background = background
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def save(self, state: dict, paths: Sequence[Path], after: Callable[[], None] | None = None) -> None:
+        """Write `state` (already copied with `to_host`) under each of `paths`, then run `after` (pruning)."""
+        self.wait()
+        if not self.background:
+            self._write(state, paths, after)
+            return
+        self.thread = threading.Thread(target=self._write, args=(state, paths, after), name="nmt-checkpoint-writer",
+                                       daemon=True)
+        self.thread.start()
+
+    def _write(self, state: dict, paths: Sequence[Path], after: Callable[[], None] | None) -> None:
+        try:
+            save_checkpoint(state, *paths)
+            if after is not None:
+                after()
+        except BaseException as e:  # handed to the training thread
+            if not self.background:
+                raise
+            self.error = e
+
+    def wait(self) -> None:
+        """Block until the save in flight is on disk; raise its error, if it had one."""
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error

@@ -343,6 +343,9 @@ def train_cmd(
     )] = None,
     threads: Annotated[int, typer.Option(
         rich_help_panel=P_DEVICE, help="CPU threads for torch (0: torch's default).")] = 0,
+    background_save: Annotated[bool, typer.Option(
+        "--background-save/--no-background-save", rich_help_panel=P_STOP,
+        help="Write checkpoints on a background thread while training goes on (one save in flight).")] = True,
     quiet: Annotated[bool, typer.Option(rich_help_panel=P_LOG, help="No progress bar or log lines.")] = False,
 ) -> None:
     """Train the Transformer (single process, or one per GPU/CPU under torchrun); resumes from checkpoint_last.pt."""
@@ -365,7 +368,8 @@ def train_cmd(
         save_interval_updates=save_interval_updates, save_interval_minutes=save_interval_minutes,
         keep_last=keep_last, valid_interval=valid_interval, eval_bleu=eval_bleu, patience=patience,
         lr_scale=lr_scale, warmup=warmup, cooldown=cooldown, label_smoothing=label_smoothing,
-        clip_norm=clip_norm, log_interval=log_interval, init_from=init_from, tensorboard=tensorboard, quiet=quiet)
+        clip_norm=clip_norm, log_interval=log_interval, init_from=init_from, tensorboard=tensorboard,
+        background_save=background_save, quiet=quiet)
     summary = train(opts)
     main_process = int(os.environ.get("RANK", "0")) == 0
     if summary["reason"] == "already_finished":

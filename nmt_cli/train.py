@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from . import TRAINING_KERNEL_CACHE, __version__, size_kernel_cache
 from . import distributed as D
-from .checkpoint import load_checkpoint, numbered_checkpoints, serialize_checkpoint, write_checkpoint
+from .checkpoint import CheckpointWriter, load_checkpoint, numbered_checkpoints, to_host
 from .data import Batch, DataDir, collate, make_batches, prefetch, shuffled
 from .errors import NmtError
 from .model import ModelConfig, Transformer, count_parameters, make_config
@@ -258,6 +258,7 @@ class Trainer:
         self.interval_given = opts.save_interval_updates > 0 or opts.save_interval_minutes > 0
         self.window = Window()
         self.stops = StopRequests()
+        self.writer = CheckpointWriter(background=opts.background_save)
         self.log = JsonLog(None)
 
     def agree_on_save_dir(self, resume: dict | None) -> None:
@@ -349,8 +350,11 @@ class Trainer:
             with bar:
                 self.bar, self.task = bar, bar.add_task("train", total=opts.max_updates or None,
                                                         completed=state.updates, status="")
-                while reason is None:
-                    reason = self.run_epoch()
+                try:
+                    while reason is None:
+                        reason = self.run_epoch()
+                finally:
+                    self.writer.wait()  # the last save is on disk before the run reports its end
             summary = {"event": "end", "reason": reason, **state.to_dict()}
             self.log.write(summary)
             self.log.close()
@@ -377,7 +381,7 @@ class Trainer:
         self.log.write({"event": "valid", "update": 0, **metrics, "best": state.best, "baseline": True})
         rngs = D.gather_objects(rng_state(self.device), ctx)
         if ctx.is_main:
-            write_checkpoint(serialize_checkpoint(self.checkpoint(rngs)), self.save_dir / "checkpoint_best.pt")
+            self.writer.save(self.host_copy(rngs), [self.save_dir / "checkpoint_best.pt"])
             if not opts.quiet:
                 shown = f"update 0 (the --init-from model): {metrics_line(metrics)} (best)"
                 if sys.stdout.isatty():
@@ -551,21 +555,25 @@ class Trainer:
         if do_save or improved:
             rngs = D.gather_objects(rng_state(self.device), ctx)
             if ctx.is_main:
-                blob = serialize_checkpoint(self.checkpoint(rngs))  # once, written under every name it needs
-                if numbered:
-                    write_checkpoint(blob, self.save_dir / f"checkpoint_{updates}.pt")
-                    if opts.keep_last > 0:
-                        for old in numbered_checkpoints(self.save_dir)[: -opts.keep_last]:
-                            old.unlink()
-                if do_save:
-                    write_checkpoint(blob, self.last_path)
-                if improved:
-                    write_checkpoint(blob, self.save_dir / "checkpoint_best.pt")
+                paths = ([self.save_dir / f"checkpoint_{updates}.pt"] if numbered else []) + \
+                    ([self.last_path] if do_save else []) + ([self.save_dir / "checkpoint_best.pt"] if improved else [])
+                self.writer.save(self.host_copy(rngs), paths, self.prune if numbered else None)
             if save_due:
                 self.last_interval_save = time.monotonic()
         if signalled:
             self.log.write({"event": "stop", "signal": reason, "update": updates})
         return reason
+
+    def host_copy(self, rngs: list) -> dict:
+        """The checkpoint's contents copied to host memory (the writer serializes the copy while training
+        changes the live tensors)."""
+        return to_host(self.checkpoint(rngs))
+
+    def prune(self) -> None:
+        """Remove numbered checkpoints beyond the newest --keep-last."""
+        if self.opts.keep_last > 0:
+            for old in numbered_checkpoints(self.save_dir)[: -self.opts.keep_last]:
+                old.unlink(missing_ok=True)
 
     def checkpoint(self, rngs: list) -> dict:
         """Everything a checkpoint holds: the self-contained model and the complete training state."""

@@ -43,4 +43,5 @@ class TrainOptions:
     log_interval: int = 50
     init_from: Path | None = None  # fine-tuning: this model's weights and architecture, fresh optimizer/schedule
     tensorboard: Path | None = None  # also write the logged scalars here for tensorboard
+    background_save: bool = True  # write checkpoints on a background thread while training goes on
     quiet: bool = False

@@ -197,6 +197,38 @@ def test_save_dir_lock_without_flock(toy_data, tmp_path, monkeypatch):
                  "locked by pid 4242 on node-7")
 
 
+def test_background_save_writes_its_updates_state_while_training_goes_on(toy_data, tmp_path, monkeypatch):
+    """With a slow save (each takes 0.4 s) updates go on while a checkpoint is written, and every
+    checkpoint still holds the state of the update that saved it: bit-identical to a run that saves in the
+    training thread."""
+    from nmt_cli import checkpoint as checkpoint_module
+
+    kw = dict(max_updates=6, save_interval_updates=2, keep_last=0, log_interval=1, dropout=0.1)
+    train(_opts(toy_data, tmp_path / "inline", background_save=False, **kw))
+    real_digest, writes = checkpoint_module.with_digest, []
+
+    def slow_digest(state):
+        start = time.time()
+        time.sleep(0.4)  # before reading the state: a copy that shared the live tensors would see later updates
+        payload = real_digest(state)
+        writes.append((start, time.time()))
+        return payload
+
+    monkeypatch.setattr(checkpoint_module, "with_digest", slow_digest)
+    train(_opts(toy_data, tmp_path / "background", **kw))
+    monkeypatch.undo()
+    updates_during_writes = [r["update"] for r in _log(tmp_path / "background") if r["event"] == "train"
+                             and any(a < r["time"] < b for a, b in writes)]
+    assert updates_during_writes  # training did not wait for the disk
+    for name in ("checkpoint_2.pt", "checkpoint_4.pt", "checkpoint_6.pt", "checkpoint_last.pt"):
+        a, b = load_checkpoint(tmp_path / "inline" / name), load_checkpoint(tmp_path / "background" / name)
+        assert a["updates"] == b["updates"]
+        for key in a["model"]:
+            assert torch.equal(a["model"][key], b["model"][key]), (name, key)
+        for x, y in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+            assert all(torch.equal(x[k], y[k]) for k in x), name
+
+
 def test_full_disk_while_saving_keeps_the_previous_checkpoint(toy_data, tmp_path, monkeypatch):
     save = tmp_path / "ck"
     train(_opts(toy_data, save, max_updates=2))
@@ -563,3 +595,19 @@ def test_nothing_is_written_outside_the_named_outputs(toy_data, toy_model, tmp_p
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [".lock", "checkpoint_2.pt", "checkpoint_best.pt",
                                                                    "checkpoint_last.pt", "options.json",
                                                                    "train.jsonl"]
+
+
+def test_one_save_under_several_names_is_one_file_and_names_stay_independent(tmp_path):
+    """checkpoint_N.pt, checkpoint_last.pt and checkpoint_best.pt of one save share one file (written once);
+    replacing one name later, or pruning another, leaves the others as they were."""
+    from nmt_cli.checkpoint import save_checkpoint
+
+    first = {"model": {"w": torch.ones(3)}, "updates": 2}
+    names = [tmp_path / "checkpoint_2.pt", tmp_path / "checkpoint_last.pt", tmp_path / "checkpoint_best.pt"]
+    save_checkpoint(first, *names)
+    assert len({p.stat().st_ino for p in names}) == 1
+    save_checkpoint({"model": {"w": torch.zeros(3)}, "updates": 4}, tmp_path / "checkpoint_4.pt", names[1])
+    names[0].unlink()  # pruned
+    assert load_checkpoint(names[2])["updates"] == 2 and torch.equal(load_checkpoint(names[2])["model"]["w"],
+                                                                     torch.ones(3))
+    assert load_checkpoint(names[1])["updates"] == 4

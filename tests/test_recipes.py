@@ -285,3 +285,18 @@ def test_select_on_val_bad_input(tmp_path):
         assert out.returncode == 2 and fragment in out.stderr, out.stderr
         assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
     assert not (tmp_path / "m.pt").exists()
+
+
+def test_gpu_check_runs_on_the_cpu():
+    """`make gpu-check DEVICE=cpu`: the GPU check's code at tiny sizes; every line passes (fp16 is skipped on a
+    CPU); without CUDA, the default DEVICE=cuda stops with one line."""
+    result = _make("gpu-check", "DEVICE=cpu", timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = [line for line in result.stdout.splitlines() if line.startswith("│")]
+    assert len(rows) == 8 and not any("FAIL" in r for r in rows), result.stdout
+    assert sum("PASS" in r for r in rows) == 7 and "bit-identical" in result.stdout
+    if not torch.cuda.is_available():
+        result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py")], capture_output=True,
+                                text=True)
+        assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+            "gpu-check: no CUDA device here; `make gpu-check DEVICE=cpu` runs the same checks on the CPU"]

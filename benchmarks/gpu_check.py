@@ -1,0 +1,227 @@
+"""`make gpu-check`: does nmt train correctly on this GPU, and how fast? One table, PASS/FAIL per line.
+
+    python benchmarks/gpu_check.py [--device cuda|cpu] [--json FILE]
+
+Nothing to download: it writes its own synthetic task (source word w<i> -> target word v<i>, order kept) and
+prepares it with `nmt prepare`. Then, through the real training code:
+  (a) a small model learns the task in bf16 and in fp16 (loss scaling; CUDA only): validation perplexity after
+      a fixed number of updates must fall below LEARN_PPL (the floor under label smoothing 0.1 is 1/0.9 = 1.11;
+      an untrained model's is the vocabulary size);
+  (b) stop and resume: N/2 updates, then a resumed run to N, against N updates straight: the same weights
+      (bit-identical on CPU; within RESUME_ATOL on CUDA, where index_add's atomics sum in any order);
+  (c) the 2-rank path: torchrun with 2 processes (NCCL on 2 GPUs; gloo on CPU where fewer GPUs) against one
+      process with --update-freq 2: the same per-update losses within TWO_RANK_RTOL;
+  (d) throughput of base and big (tiny and small with --device cpu) on synthetic WMT-like batches, bf16, at
+      the recipe's 4096 tokens per micro-batch and at 4x that (is 4096 launch-bound?): target tokens/s, MFU
+      against the GPU's dense bf16 peak, peak memory.
+With --device cpu the same code runs at tiny sizes in about a minute (CI runs it: tests/test_recipes.py).
+Exit code 0 when every line passes (or is skipped: fp16 on CPU), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+LEARN_PPL = 1.5
+RESUME_ATOL = 1e-4
+TWO_RANK_RTOL = 1e-3
+SIZES = {  # device -> learning model and updates, throughput models, timed updates
+    "cuda": {"learn": ("small", 500), "speed": ("base", "big"), "updates": (5, 20)},
+    "cpu": {"learn": ("tiny", 500), "speed": ("tiny", "small"), "updates": (2, 5)},
+}
+
+
+def write_task(prefix: Path, n: int, seed: int) -> None:
+    """n sentence pairs of the synthetic task at prefix.en / prefix.de."""
+    rng = random.Random(seed)
+    src, tgt = [], []
+    for _ in range(n):
+        words = [rng.randrange(24) for _ in range(rng.randint(2, 7))]
+        src.append(" ".join(f"w{i}" for i in words).capitalize() + ".")
+        tgt.append(" ".join(f"v{i}" for i in words).capitalize() + ".")
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{prefix}.en").write_text("\n".join(src) + "\n", encoding="utf-8")
+    Path(f"{prefix}.de").write_text("\n".join(tgt) + "\n", encoding="utf-8")
+
+
+def prepare_task(root: Path) -> Path:
+    from nmt_cli.prepare import PrepareOptions, prepare
+
+    write_task(root / "raw" / "train", 1200, seed=1)
+    write_task(root / "raw" / "valid", 60, seed=2)
+    prepare(PrepareOptions("en", "de", str(root / "raw" / "train"), str(root / "raw" / "valid"), root / "data",
+                           bpe_merges=30, workers=1, quiet=True))
+    return root / "data"
+
+
+def options(data: Path, save: Path, device: str, **kw):
+    from nmt_cli.train import TrainOptions
+
+    base = dict(data=data, save_dir=save, arch="tiny", dropout=0.1, max_tokens=1024, warmup=100, lr_scale=1.0,
+                device=device, quiet=True, seed=3, valid_interval=100_000)
+    return TrainOptions(**{**base, **kw})
+
+
+def log(save: Path, event: str) -> list[dict]:
+    return [r for r in map(json.loads, (save / "train.jsonl").read_text().splitlines()) if r["event"] == event]
+
+
+def check_learns(data: Path, work: Path, device: str, precision: str) -> dict:
+    """(a): validation perplexity of a model trained on the task."""
+    from nmt_cli.train import train
+
+    if precision == "fp16" and device != "cuda":
+        return {"check": "learns the task, fp16", "status": "SKIP", "figure": "fp16 needs CUDA"}
+    arch, updates = SIZES[device]["learn"]
+    save = work / f"learn-{precision}"
+    start = time.monotonic()
+    train(options(data, save, device, arch=arch, dropout=0.0, precision=precision, max_updates=updates,
+                  cooldown=0.3, valid_interval=updates))
+    ppl = log(save, "valid")[-1]["valid_ppl"]
+    return {"check": f"learns the task, {precision} ({arch}, {updates} updates)",
+            "status": "PASS" if ppl < LEARN_PPL else "FAIL",
+            "figure": f"valid ppl {ppl:.3f} (< {LEARN_PPL}), {time.monotonic() - start:.0f} s"}
+
+
+def check_resume(data: Path, work: Path, device: str) -> dict:
+    """(b): stopped at N/2 and resumed to N equals N straight."""
+    import torch
+
+    from nmt_cli.checkpoint import load_checkpoint
+    from nmt_cli.train import train
+
+    n, precision = 12, "bf16"
+    train(options(data, work / "straight", device, max_updates=n, precision=precision))
+    train(options(data, work / "resumed", device, max_updates=n // 2, precision=precision))
+    train(options(data, work / "resumed", device, max_updates=n, precision=precision))
+    a = load_checkpoint(work / "straight" / "checkpoint_last.pt")["model"]
+    b = load_checkpoint(work / "resumed" / "checkpoint_last.pt")["model"]
+    diff = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+    same = all(torch.equal(a[k], b[k]) for k in a)
+    ok = same if device == "cpu" else diff <= RESUME_ATOL
+    wanted = "bit-identical" if device == "cpu" else f"<= {RESUME_ATOL:g}"
+    return {"check": f"stop at {n // 2}, resume to {n} == {n} straight ({precision}, dropout 0.1)",
+            "status": "PASS" if ok else "FAIL", "figure": f"max |weight difference| {diff:.2e} ({wanted})"}
+
+
+def check_two_ranks(data: Path, work: Path, device: str) -> dict:
+    """(c): 2 processes under torchrun == 1 process with --update-freq 2, update by update."""
+    import torch
+
+    from nmt_cli.train import train
+
+    n = 6
+    rank_device = "cuda" if device == "cuda" and torch.cuda.device_count() >= 2 else "cpu"
+    train(options(data, work / "one", rank_device, max_updates=n, update_freq=2, dropout=0.0, max_tokens=256,
+                  log_interval=1))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "nmt_cli",
+           "train", str(data), "--save-dir", str(work / "two"), "--arch", "tiny", "--max-tokens", "256", "--warmup",
+           "100", "--device", rank_device, "--quiet", "--seed", "3", "--max-updates", str(n), "--dropout", "0",
+           "--log-interval", "1", "--valid-interval", "100000"]
+    result = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    backend = "NCCL" if rank_device == "cuda" else "gloo"
+    if result.returncode != 0:
+        return {"check": f"2 ranks ({backend}) == 1 with --update-freq 2", "status": "FAIL",
+                "figure": result.stderr.strip().splitlines()[-1][:100] if result.stderr.strip() else "failed"}
+    one = [r["loss"] for r in log(work / "one", "train")]
+    two = [r["loss"] for r in log(work / "two", "train")]
+    worst = max(abs(x - y) / abs(x) for x, y in zip(one, two)) if len(one) == len(two) == n else float("inf")
+    return {"check": f"2 ranks ({backend}, {rank_device}) == 1 with --update-freq 2, {n} updates",
+            "status": "PASS" if worst <= TWO_RANK_RTOL else "FAIL",
+            "figure": f"largest relative loss difference {worst:.1e} (<= {TWO_RANK_RTOL:g})"}
+
+
+def check_speed(device_name: str, arch: str, max_tokens: int) -> dict:
+    """(d): target tokens/s of the real update on synthetic batches, bf16."""
+    import torch
+
+    from gpu import PEAK_TFLOPS, VOCAB, _synthetic_batches, flops_per_target_token
+    from nmt_cli import distributed as D
+    from nmt_cli.model import Transformer, make_config
+    from nmt_cli.train import TrainOptions, TranslationLoss, train_step
+
+    device = torch.device(device_name)
+    warm, timed = SIZES[device.type]["updates"]
+    torch.manual_seed(1)
+    model = Transformer(make_config(arch, VOCAB)).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
+    scaler = torch.amp.GradScaler(device.type, enabled=False)
+    opts = TrainOptions(data=Path("."), save_dir=Path("."), arch=arch, precision="bf16")
+    batches = _synthetic_batches(8, max_tokens, seed=1)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    tokens, start = 0, 0.0
+    for step in range(warm + timed):
+        if step == warm:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start, tokens = time.perf_counter(), 0
+        micro = [batches[step % len(batches)].to(device)]
+        train_step(TranslationLoss(model, 0.1), model, micro, optimizer, scaler, opts, D.DistContext(), device)
+        tokens += micro[0].ntokens
+    seconds = time.perf_counter() - start  # train_step's host read waits for the update
+    speed = tokens / seconds
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        peak = next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
+        mfu = f"{speed * flops_per_target_token(arch) / (peak * 1e12):.1%}" if peak else "n/a (unknown GPU)"
+        memory = f"{torch.cuda.max_memory_allocated(device) / 2**30:.1f} GB"
+    else:
+        mfu, memory = "n/a (CPU)", f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.1f} GB RSS"
+    del model, optimizer
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"check": f"speed: {arch}, bf16, {max_tokens} tokens per micro-batch", "status": "PASS",
+            "figure": f"{speed:,.0f} tgt tok/s, MFU {mfu}, peak {memory}", "tok_s": speed}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    args = parser.parse_args()
+    import torch
+
+    from common import machine, print_table
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu-check: no CUDA device here; `make gpu-check DEVICE=cpu` runs the same checks on the CPU",
+              file=sys.stderr)
+        return 2
+    where = torch.cuda.get_device_name(0) if args.device == "cuda" else machine()
+    rows = []
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        data = prepare_task(work / "task")
+        for precision in ("bf16", "fp16"):
+            rows.append(check_learns(data, work, args.device, precision))
+        rows.append(check_resume(data, work, args.device))
+        rows.append(check_two_ranks(data, work, args.device))
+    for arch in SIZES[args.device]["speed"]:
+        for max_tokens in (4096, 16384):
+            try:
+                rows.append(check_speed(args.device, arch, max_tokens))
+            except torch.OutOfMemoryError:
+                rows.append({"check": f"speed: {arch}, bf16, {max_tokens} tokens per micro-batch", "status": "FAIL",
+                             "figure": "out of memory"})
+    print_table(f"gpu-check on {where}: {time.monotonic() - began:.0f} s", ["check", "result", "figures"],
+                [[r["check"], r["status"], r["figure"]] for r in rows])
+    if args.json:
+        args.json.write_text(json.dumps({"device": where, "rows": rows}, indent=2) + "\n", encoding="utf-8")
+    return 0 if all(r["status"] in ("PASS", "SKIP") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
