@@ -145,8 +145,8 @@ def check_two_ranks(data: Path, work: Path, device: str) -> dict:
 def check_speed(device_name: str, arch: str, max_tokens: int) -> dict:
     """(d): target tokens/s of the real update on synthetic batches, bf16."""
     import torch
-
     from gpu import PEAK_TFLOPS, VOCAB, _synthetic_batches, flops_per_target_token
+
     from nmt_cli import distributed as D
     from nmt_cli.model import Transformer, make_config
     from nmt_cli.train import TrainOptions, TranslationLoss, train_step
@@ -192,7 +192,6 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args()
     import torch
-
     from common import machine, print_table
 
     if args.device == "cuda" and not torch.cuda.is_available():

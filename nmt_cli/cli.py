@@ -121,9 +121,7 @@ def handle_errors(fn):
         if not getattr(fn, "collects_after_loading", False):
             start_up_done()
         try:
-            import torch
-
-            check_torch_version(torch.__version__)
+            check_torch_version()
             return fn(*args, **kwargs)
         except NmtError as e:
             err.print(f"{command_path(get_current_context(silent=True))}: error: {e}", markup=False,

@@ -48,10 +48,24 @@ def describe_machine() -> str:
 MIN_TORCH = (2, 6)
 
 
-def check_torch_version(version: str) -> None:
-    """One NmtError when `version` (torch.__version__) is older than MIN_TORCH."""
+def installed_torch_version() -> str | None:
+    """The installed torch's version, read from its package metadata (importing torch takes seconds, and an
+    exported model translates without it); None when torch is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return None
+
+
+def check_torch_version(version: str | None = None) -> None:
+    """One NmtError when `version` (default: the installed torch's) is older than MIN_TORCH."""
     from .errors import NmtError
 
+    version = version or installed_torch_version()
+    if version is None:
+        return
     release = tuple(int(part) for part in version.split("+")[0].split(".")[:2] if part.isdigit())
     if release < MIN_TORCH:
         wanted = ".".join(map(str, MIN_TORCH))

@@ -157,6 +157,14 @@ def changed_options(path: Path, opts: TrainOptions) -> list[str]:
     return [f"--{k.replace('_', '-')} {old[k]} -> {new[k]}" for k in SCHEDULE_OPTIONS if k in old and old[k] != new[k]]
 
 
+def world_size_change(old: int, new: int, opts: TrainOptions) -> str:
+    """What a resume on another number of processes changes: the update's size, and the data position (no
+    longer bit-exact: the epoch's batches are dealt to the processes anew)."""
+    return (f"{old} -> {new} processes (an update now holds {new * opts.update_freq} batches instead of "
+            f"{old * opts.update_freq}; keep --update-freq x processes constant for the same batch size; the epoch "
+            "goes on from the same point, but not bit-exactly as it would have)")
+
+
 def schedule_warning(opts: TrainOptions) -> str | None:
     """A line for a schedule that cannot do what eq. 3 intends within the update budget, else None."""
     if opts.max_updates and opts.warmup > opts.max_updates:
@@ -232,6 +240,8 @@ class Trainer:
             self.state = TrainState.from_dict(resume["progress"])
             rngs = resume["rng"]
             set_rng_state(rngs[ctx.rank] if len(rngs) == ctx.world_size else rngs[0], device)
+            if self.state.world_size != ctx.world_size:
+                self.schedule_changes.append(world_size_change(self.state.world_size, ctx.world_size, opts))
             self.state.rescale(ctx.world_size)
 
         self.train_corpus, self.valid_corpus = data.split("train"), data.split("valid")
@@ -325,7 +335,7 @@ class Trainer:
                             "world_size": ctx.world_size, "device": str(self.device), "precision": opts.precision})
             warnings = [] if self.resumed else [schedule_warning(opts)]
             if self.schedule_changes:
-                warnings.append(f"resuming at update {state.updates} with {', '.join(self.schedule_changes)}: "
+                warnings.append(f"resuming at update {state.updates} with {'; '.join(self.schedule_changes)}: "
                                 "the new values apply from the next update on")
             for warning in filter(None, warnings):
                 self.log.write({"event": "warning", "message": warning})

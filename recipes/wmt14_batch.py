@@ -6,8 +6,8 @@ holds what the paper's did (section 5.1: ~25k source and ~25k target tokens per 
 The paper's batch is 8 GPUs x 4096 padded tokens = 32,768 (--max-tokens counts padding: ~25k real target
 tokens). With n = GPUS x NNODES processes: up to 8, --update-freq ceil(8 / n) and --max-tokens 32,768 /
 (n x update-freq) (4096 where n divides 8); above 8, --update-freq 1 and --max-tokens 32,768 / n, so 16 GPUs
-train on the paper's batch instead of twice it. Rounded down to a multiple of 8 (tensor-core friendly), the
-update stays within 0.5% under 32,768 for every n from 1 to 64. Bad input (not a positive integer, or so
+train on the paper's batch instead of twice it. Rounded down, the update stays within 0.5% under 32,768 for
+every n from 1 to 64. Bad input (not a positive integer, or so
 many GPUs that a micro-batch could not hold one longest sentence): one line on stderr, exit code 2.
 """
 
@@ -24,7 +24,7 @@ def batch(gpus: int, nnodes: int) -> tuple[int, int]:
     """(--max-tokens, --update-freq) for `gpus` processes on each of `nnodes` nodes."""
     n = gpus * nnodes
     update_freq = -(-8 // n) if n < 8 else 1
-    max_tokens = PAPER_TOKENS // (n * update_freq) // 8 * 8
+    max_tokens = PAPER_TOKENS // (n * update_freq)
     return max_tokens, update_freq
 
 

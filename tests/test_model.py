@@ -217,12 +217,13 @@ def test_relu_dropout_equals_dropout_of_relu(dtype):
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
-def test_linear_cross_entropy_matches_reference(smoothing):
+@pytest.mark.parametrize("chunk", [256, 4096])  # the CPU and the CUDA chunk (ops.LOSS_CHUNK_ROWS)
+def test_linear_cross_entropy_matches_reference(smoothing, chunk):
     torch.manual_seed(0)
     hidden = torch.randn(700, 24, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(90, 24, dtype=torch.float64, requires_grad=True)
     target = torch.randint(0, 90, (700,))
-    fused = linear_cross_entropy(hidden, weight, target, smoothing, chunk=256)
+    fused = linear_cross_entropy(hidden, weight, target, smoothing, chunk=chunk)
     fused.backward(torch.tensor(0.5, dtype=torch.float64))
     grads = hidden.grad.clone(), weight.grad.clone()
     hidden.grad = weight.grad = None

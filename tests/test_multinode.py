@@ -81,3 +81,23 @@ def test_two_nodes_with_separate_save_dirs_refuse_before_training(toy_data, tmp_
         lines = [x for x in err.splitlines() if x.startswith("nmt train: ")]
         assert len(lines) == 1 and "cannot see the --save-dir" in lines[0] and "shared by every node" in lines[0], err
     assert not list(saves[0].glob("checkpoint*.pt")) and not list(saves[1].glob("checkpoint*.pt"))
+
+
+def test_resume_on_another_number_of_processes_says_what_changes(toy_data, tmp_path):
+    """1 process, then 2 under torchrun on the same save dir: the run goes on, and says in one warning that the
+    update now holds twice the batches and that the data position is no longer bit-exact."""
+    from nmt_cli.train import TrainOptions, train
+
+    save = tmp_path / "ck"
+    train(TrainOptions(data=toy_data, save_dir=save, arch="tiny", max_tokens=256, warmup=50, device="cpu",
+                       seed=5, max_updates=3, quiet=True))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "nmt_cli",
+           "train", str(toy_data), "--save-dir", str(save), "--arch", "tiny", "--max-tokens", "256", "--warmup",
+           "50", "--device", "cpu", "--seed", "5", "--max-updates", "5"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    warnings = [x for x in result.stderr.splitlines() if x.startswith("nmt train: warning: ")]
+    assert len(warnings) == 1 and "1 -> 2 processes (an update now holds 2 batches instead of 1" in warnings[0]
+    assert "not bit-exactly" in warnings[0]
+    assert load_checkpoint(save / "checkpoint_last.pt")["progress"]["world_size"] == 2
