@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import gc
 import json
+import math
 import os
 import queue
 import sys
@@ -554,6 +555,7 @@ def translate_cmd(
         for w in translator.warnings:
             err.print(f"warning: {input or '<stdin>'}:{w.removeprefix('line ')}", markup=False, highlight=False)
         translator.warnings.clear()
+        translator.truncated.clear()
 
     def format_results(results, first_line: int) -> list[str]:
         if nbest == 1:
@@ -616,16 +618,29 @@ def serve_cmd(
     max_queue: Annotated[int, typer.Option(help="Sentences waiting at most; beyond, requests get 503.")] = 1024,
     max_sentences: Annotated[int, typer.Option(help="Sentences per request at most (else 413).")] = 64,
     max_chars: Annotated[int, typer.Option(help="Characters per sentence at most (else 413).")] = 2000,
+    max_body_bytes: Annotated[Optional[int], typer.Option(help=(
+        "Request body bytes at most, counted while reading (else 413; default: room for --max-sentences x "
+        "--max-chars)."))] = None,
+    max_work: Annotated[int, typer.Option(help=(
+        "Decoder tokens per request at most: sentences x beam x length limit, a sentence counted as no more "
+        "tokens than characters (else 413)."))] = 64 * 4 * 1024,
+    cache_mb: Annotated[float, typer.Option(help="Decoder cache kept between requests, at most (MB).")] = 256.0,
+    api_key_file: Annotated[Optional[Path], typer.Option(help=(
+        "API keys, one per line (also NMT_API_KEYS): POST /translate and GET /metrics then need "
+        "'Authorization: Bearer <key>' (else 401)."))] = None,
+    access_log: Annotated[str, typer.Option(help="One line per request on stderr: plain, json or off.")] = "plain",
+    shutdown_seconds: Annotated[float, typer.Option(help=(
+        "After SIGTERM: stop accepting, answer what is queued for up to this long, exit 0."))] = 30.0,
     device: Annotated[Optional[Device], typer.Option(help="Default: cuda when available, else cpu.")] = None,
     precision: Annotated[Precision, typer.Option(help="Precision (fp16: CUDA only).")] = Precision.fp32,
     threads: Annotated[int, typer.Option(help=(
         "CPU threads in all (0: torch's default; an exported model up to 4)."))] = 0,
     engine: Annotated[Engine, typer.Option(help=ENGINE_HELP)] = Engine.auto,
 ) -> None:
-    """Serve translations over HTTP: POST /translate {"text": [...], "beam": 4}, GET /health."""
+    """Serve translations over HTTP: POST /translate {"text": [...], "beam": 4}, GET /health, GET /metrics."""
     from .ct2 import CTranslate2Translator
     from .engines import load_translator
-    from .serve import ServeLimits, check_port, serve, translator_thread
+    from .serve import AccessLog, ServeLimits, check_port, read_api_keys, serve, translator_thread
 
     for flag, value in (("--max-batch", max_batch), ("--max-queue", max_queue), ("--max-sentences", max_sentences),
                         ("--max-chars", max_chars)):
@@ -639,16 +654,26 @@ def serve_cmd(
         raise NmtError(f"--batch-wait-ms must be 0 or more (got {batch_wait_ms})")
     if max_sentences > max_queue:
         raise NmtError(f"--max-sentences {max_sentences} exceeds --max-queue {max_queue}: such a request never fits")
+    for flag, number in (("--max-body-bytes", max_body_bytes), ("--max-work", max_work)):
+        if number is not None and number < 1:
+            raise NmtError(f"{flag} must be at least 1 (got {number})")
+    for flag, number in (("--cache-mb", cache_mb), ("--shutdown-seconds", shutdown_seconds)):
+        if not math.isfinite(number) or number < 0:
+            raise NmtError(f"{flag} must be 0 or more (got {number})")
+    AccessLog(access_log)  # checks the style
+    api_keys = read_api_keys(str(api_key_file) if api_key_file else None, os.environ.get("NMT_API_KEYS"))
     check_port(host, port)
     executor = translator_thread()  # loads the model and runs every batch: one thread for all PyTorch work
     translator = executor.submit(load_translator, model, device=device.value if device else None,
                                  precision=precision.value, threads=threads, engine=engine.value).result()
     start_up_done()
-    limits = ServeLimits(max_batch, max_tokens, batch_wait_ms, max_queue, max_sentences, max_chars)
+    limits = ServeLimits(max_batch, max_tokens, batch_wait_ms, max_queue, max_sentences, max_chars, max_body_bytes,
+                         max_work, cache_mb, shutdown_seconds)
     runs_on = "ctranslate2" if isinstance(translator, CTranslate2Translator) else "nmt"
     serve(translator, host, port, limits, runs_on, on_ready=lambda: err.print(
-        f"serving {model[0]} ({runs_on}) on http://{host}:{port} (POST /translate, GET /health)", markup=False,
-        highlight=False), executor=executor)
+        f"serving {model[0]} ({runs_on}) on http://{host}:{port} (POST /translate, GET /health, GET /metrics"
+        f"{'; API keys required' if api_keys else ''})", markup=False, highlight=False), executor=executor,
+        api_keys=api_keys, access_log=access_log)
 
 
 # ----------------------------------------------------------------------------- score

@@ -222,8 +222,9 @@ class CachePool:
     allocate as usual (CUDA's caching allocator already reuses memory).
     """
 
-    def __init__(self, keep: int = 2) -> None:
+    def __init__(self, keep: int = 2, max_bytes: int | None = None) -> None:
         self.keep = keep
+        self.max_bytes = max_bytes  # kept buffers' bytes at most (a server's ceiling); None: no ceiling
         self.free: list[Tensor] = []  # largest first
         self._lock = threading.Lock()  # one translator may search on several threads at once
 
@@ -237,11 +238,23 @@ class CachePool:
         return torch.empty(numel, dtype=dtype, device=device)
 
     def give(self, buffers: list[Tensor]) -> None:
-        """Keep `buffers` for later searches (CPU only, at most `keep` in all)."""
+        """Keep `buffers` for later searches (CPU only, at most `keep` in all, the largest that fit within
+        `max_bytes` together); the others are released."""
         with self._lock:
-            self.free += [b for b in buffers if b.device.type == "cpu"]
-            self.free.sort(key=lambda b: b.numel() * b.element_size(), reverse=True)
-            del self.free[self.keep :]
+            candidates = sorted(self.free + [b for b in buffers if b.device.type == "cpu"],
+                                key=lambda b: b.numel() * b.element_size(), reverse=True)
+            kept, total = [], 0
+            for b in candidates:
+                size = b.numel() * b.element_size()
+                if len(kept) < self.keep and (self.max_bytes is None or total + size <= self.max_bytes):
+                    kept.append(b)
+                    total += size
+            self.free = kept
+
+    def kept_bytes(self) -> int:
+        """Bytes of the buffers kept for later searches."""
+        with self._lock:
+            return sum(b.numel() * b.element_size() for b in self.free)
 
 
 def keep_rows(x: Tensor, order: Tensor) -> Tensor:

@@ -28,7 +28,9 @@ class TextTranslator:
         self.bpe = text.BpeApplier(bpe_codes)
         self.max_positions = max_positions
         self.normalize = normalize  # Moses punctuation normalization before tokenizing, as at prepare time
+        # Lines translated truncated: the caller reads (and clears) them after each call, so they never pile up.
         self.warnings: list[str] = []
+        self.truncated: list[tuple[int, int]] = []  # (line, source tokens) of the same lines
         self.generated_tokens = 0  # output tokens (</s> included) of the best hypotheses so far
 
     def search(self, sources: list[list[int]], beam: int, lenpen: float, max_len_a: float, max_len_b: int,
@@ -49,6 +51,7 @@ class TextTranslator:
             ids = self.vocab.encode(self.bpe(text.tokenize(sentence, self.source_lang)))
             if len(ids) > limit:
                 self.warnings.append(f"line {n}: {len(ids)} tokens exceed the model's {limit}; translated truncated")
+                self.truncated.append((n, len(ids)))
                 ids = ids[:limit]
             out.append(ids)
         return out
@@ -142,6 +145,13 @@ class TextTranslator:
             finally:
                 for future in futures:
                     future.cancel()
+
+    def cache_bytes(self) -> int:
+        """Bytes of decoder cache kept between searches (0 where the engine keeps none of its own)."""
+        return 0
+
+    def limit_cache(self, max_bytes: int) -> None:
+        """Keep at most `max_bytes` of decoder cache between searches (engines without a cache ignore it)."""
 
     def start_worker(self) -> None:
         """Run on each search thread of `map_batches` before its first batch."""

@@ -1,17 +1,24 @@
 """`nmt serve`: an HTTP JSON API over one translator, with requests that arrive together batched together.
 
-    POST /translate  {"text": ["...", ...], "beam": 4, "lenpen": 0.6, "greedy": false}
-                     -> {"translations": ["...", ...]}
+    POST /translate  {"text": ["...", ...] or "...", "beam": 4, "lenpen": 0.6, "greedy": false, "nbest": 1,
+                      "return_scores": false}
+                     -> {"translations": [...] (or one string), "scores": [...], "warnings": [...]}
     GET  /health     -> {"status": "ok", "engine": ..., "queued_sentences": N, "translate_seconds": S, ...}
+    GET  /metrics    -> Prometheus text format (prometheus_client)
 
-Errors are JSON `{"error": "..."}` with a 4xx status (400 malformed, 413 over a limit, 422 invalid fields,
-503 queue full); the server keeps serving.
+Every request is bounded before it takes memory: the body (`max_body_bytes`, counted while it is read), the
+sentences and characters, and the decoder work (sentences x beam x length limit, `max_work`). Errors are JSON
+`{"error": "..."}` with a 4xx status (400 malformed, 401 no or a wrong API key, 413 over a limit, 422 invalid
+fields, 503 queue full); the server keeps serving.
 """
 
-
 import asyncio
+import hmac
 import json
+import math
+import signal
 import socket
+import sys
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +41,17 @@ class ServeLimits:
     max_queue: int = 1024  # sentences waiting (not counting the batch in progress); beyond, requests get 503
     max_sentences: int = 64  # per request
     max_chars: int = 2000  # per sentence
+    max_body_bytes: int | None = None  # per request body; None: sized from max_sentences x max_chars
+    max_work: int = 64 * 4 * 1024  # decoder tokens per request: the defaults' largest request at any length
+    cache_mb: float = 256.0  # decoder cache kept between requests, at most
+    shutdown_seconds: float = 30.0  # after SIGTERM, how long queued work may take before the server exits
+
+    def body_limit(self) -> int:
+        """The body size limit: `max_body_bytes`, or room for the largest allowed text written with JSON's
+        longest escapes (a character as \\uXXXX\\uXXXX: 12 bytes) and the options."""
+        if self.max_body_bytes is not None:
+            return self.max_body_bytes
+        return self.max_sentences * (12 * self.max_chars + 8) + 4096
 
 
 @dataclass
@@ -66,8 +84,8 @@ class Batcher:
     """Collects jobs from concurrent requests into batches for one translator thread."""
 
     def __init__(self, translator: TextTranslator, limits: ServeLimits,
-                 executor: ThreadPoolExecutor | None = None) -> None:
-        self.translator, self.limits = translator, limits
+                 executor: ThreadPoolExecutor | None = None, metrics: Any = None) -> None:
+        self.translator, self.limits, self.metrics = translator, limits, metrics
         self.queue: deque[_Job] = deque()
         self.queued_sentences = 0
         self.translated_sentences = 0
@@ -122,19 +140,23 @@ class Batcher:
             sentences = [s for job in batch for s in job.sentences]
             options = dict(batch[0].options)
             try:
-                translations = await loop.run_in_executor(self._executor, self._translate, sentences, options)
+                results, truncated = await loop.run_in_executor(self._executor, self._translate, sentences, options)
             except Exception as e:  # bad options reach here as NmtError; anything else is the server's fault
                 for job in batch:
                     if not job.future.done():
                         job.future.set_exception(e)
             else:
-                start = 0
+                start, limit = 0, self.translator.max_positions - 2
                 for job in batch:
+                    warnings = [f"text[{line - start - 1}]: {tokens} tokens exceed the model's {limit}; translated "
+                                "truncated" for line, tokens in truncated if start < line <= start + job.size]
                     if not job.future.done():
-                        job.future.set_result(translations[start : start + job.size])
+                        job.future.set_result((results[start : start + job.size], warnings))
                     start += job.size
                 self.translated_sentences += len(sentences)
                 self.batches += 1
+                if self.metrics is not None:
+                    self.metrics.batch(len(sentences))
             finally:
                 # Its clients are about to send again, beside those that arrived meanwhile and still wait.
                 self.expected = len(sentences) + self.queued_sentences
@@ -153,20 +175,43 @@ class Batcher:
             except asyncio.TimeoutError:
                 return
 
-    def _translate(self, sentences: list[str], options: dict) -> list[str]:
+    def _translate(self, sentences: list[str], options: dict) -> tuple[list[list[tuple[str, float]]], list]:
+        """n-best (translation, score) lists of a batch, and its truncated lines (line in the batch, tokens);
+        the translator's warning lists are emptied each batch, so a server running for weeks keeps none."""
         start = time.perf_counter()
+        tokens_before = self.translator.generated_tokens
+        self.translator.warnings.clear()
+        self.translator.truncated.clear()
         try:
-            return self.translator.translate(sentences, batch_size=self.limits.max_batch,
-                                             max_tokens=self.limits.max_tokens, **options)
+            results = self.translator.translate_nbest(sentences, batch_size=self.limits.max_batch,
+                                                      max_tokens=self.limits.max_tokens, **options)
+            return results, list(self.translator.truncated)
         finally:
+            self.translator.warnings.clear()
+            self.translator.truncated.clear()
             self.translate_seconds += time.perf_counter() - start
+            if self.metrics is not None:
+                self.metrics.generated(self.translator.generated_tokens - tokens_before)
 
 
-OPTIONS = {"beam": int, "lenpen": (int, float), "greedy": bool, "max_len_a": (int, float), "max_len_b": int}
-DEFAULTS = {"beam": 4, "lenpen": 0.6, "greedy": False, "max_len_a": 1.0, "max_len_b": 50}
+OPTIONS = {"beam": int, "lenpen": (int, float), "greedy": bool, "max_len_a": (int, float), "max_len_b": int,
+           "nbest": int}
+DEFAULTS = {"beam": 4, "lenpen": 0.6, "greedy": False, "max_len_a": 1.0, "max_len_b": 50, "nbest": 1}
+RANGES = {"beam": (1, 64), "nbest": (1, 64), "lenpen": (0, 100), "max_len_a": (0, 100), "max_len_b": (0, 100_000)}
+FLAGS = {"return_scores": bool}  # shape the answer only: requests with other values still share a batch
 
 
-def parse_request(body: bytes, limits: ServeLimits) -> tuple[list[str], tuple]:
+@dataclass(frozen=True)
+class ParsedRequest:
+    """A valid POST /translate body."""
+
+    sentences: list[str]
+    options: tuple  # the search options, sorted (name, value) pairs: requests with equal ones share a batch
+    single: bool  # "text" was one string: so is the answer
+    return_scores: bool
+
+
+def parse_request(body: bytes, limits: ServeLimits, max_positions: int = 1024) -> ParsedRequest:
     """The sentences and search options of a POST /translate body; HTTPError on anything else."""
     try:
         payload = json.loads(body.decode("utf-8"))
@@ -174,14 +219,19 @@ def parse_request(body: bytes, limits: ServeLimits) -> tuple[list[str], tuple]:
         raise HTTPError(400, f"the body is not UTF-8 (byte {e.start})") from None
     except json.JSONDecodeError as e:
         raise HTTPError(400, f"the body is not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except RecursionError:
+        raise HTTPError(400, "the body is not a request: JSON nested too deeply") from None
     if not isinstance(payload, dict):
         raise HTTPError(422, "the body must be a JSON object with a \"text\" list")
-    unknown = sorted(set(payload) - set(OPTIONS) - {"text"})
+    unknown = sorted(set(payload) - set(OPTIONS) - set(FLAGS) - {"text"})
     if unknown:
-        raise HTTPError(422, f"unknown field(s): {', '.join(unknown)} (known: text, {', '.join(OPTIONS)})")
+        raise HTTPError(422, f"unknown field(s): {', '.join(unknown)} (known: text, {', '.join([*OPTIONS, *FLAGS])})")
     text = payload.get("text")
+    single = isinstance(text, str)
+    if single:
+        text = [text]
     if not isinstance(text, list) or not all(isinstance(s, str) for s in text):
-        raise HTTPError(422, "\"text\" must be a list of strings")
+        raise HTTPError(422, "\"text\" must be a string or a list of strings")
     if not text:
         raise HTTPError(422, "\"text\" is empty")
     if len(text) > limits.max_sentences:
@@ -192,22 +242,40 @@ def parse_request(body: bytes, limits: ServeLimits) -> tuple[list[str], tuple]:
         if "\n" in sentence or "\r" in sentence:
             raise HTTPError(422, f"text[{i}] holds a line break; send one sentence per list item")
     options = dict(DEFAULTS)
-    for name, kind in OPTIONS.items():
+    for name, kind in {**OPTIONS, **FLAGS}.items():
         if name in payload:
             value = payload[name]
             if isinstance(value, bool) and kind is not bool:
                 raise HTTPError(422, f"\"{name}\" must be a number")
             if not isinstance(value, kind):
                 raise HTTPError(422, f"\"{name}\" must be {'true or false' if kind is bool else 'a number'}")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise HTTPError(422, f"\"{name}\" must be a finite number (got {value})")
+            low, high = RANGES.get(name, (None, None))
+            if low is not None and not low <= value <= high:
+                raise HTTPError(422, f"\"{name}\" must be between {low} and {high:,} (got {value})")
             options[name] = value
-    if not 1 <= options["beam"] <= 64:
-        raise HTTPError(422, "\"beam\" must be between 1 and 64")
+    return_scores = bool(options.pop("return_scores", False))
     try:
         TextTranslator.check_options(options["beam"], options["lenpen"], options["max_len_a"],
-                                     options["max_len_b"], 1, None, options["greedy"], 1)
+                                     options["max_len_b"], 1, None, options["greedy"], options["nbest"])
     except NmtError as e:
         raise HTTPError(422, str(e).replace("--", "").replace("-", "_")) from None
-    return text, tuple(sorted(options.items()))
+    work = decoder_work(text, options, max_positions)
+    if work > limits.max_work:
+        raise HTTPError(413, f"the request may decode {work:,} tokens (sentences x beam x length limit); at most "
+                             f"{limits.max_work:,} per request: send fewer or shorter sentences, or a smaller beam")
+    return ParsedRequest(text, tuple(sorted(options.items())), single, return_scores)
+
+
+def decoder_work(sentences: list[str], options: dict, max_positions: int) -> int:
+    """An upper bound on the decoder tokens a request can cost: for each sentence, hypotheses (the beam, 1 when
+    greedy) x its length limit a x length + b, where a sentence has no more tokens than characters, and no limit
+    exceeds the model's positions."""
+    hypotheses = 1 if options["greedy"] else options["beam"]
+    cap = max_positions - 1
+    return sum(hypotheses * min(int(options["max_len_a"] * len(s) + options["max_len_b"]) + 1, cap)
+               for s in sentences)
 
 
 class HTTPError(Exception):
@@ -216,22 +284,144 @@ class HTTPError(Exception):
         self.status, self.message = status, message
 
 
+class Metrics:
+    """The server's Prometheus metrics, in a registry of its own (prometheus_client)."""
+
+    def __init__(self, batcher_state: dict, translator: TextTranslator) -> None:
+        try:
+            from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        except ImportError:
+            raise NmtError(INSTALL_HINT) from None
+        self.registry = registry = CollectorRegistry()
+        self.requests = Counter("nmt_requests", "POST /translate requests, by HTTP status", ["status"],
+                                registry=registry)
+        self.sentences = Counter("nmt_sentences", "Sentences translated", registry=registry)
+        self.tokens = Counter("nmt_generated_tokens", "Output tokens generated (best hypotheses, </s> included)",
+                              registry=registry)
+        self.batches = Histogram("nmt_batch_sentences", "Sentences per search batch", registry=registry,
+                                 buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
+        self.latency = Histogram("nmt_request_seconds", "Latency of answered POST /translate requests",
+                                 registry=registry, buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30))
+        queue = Gauge("nmt_queue_sentences", "Sentences waiting for a batch", registry=registry)
+        queue.set_function(lambda: batcher_state["batcher"].queued_sentences if "batcher" in batcher_state else 0)
+        cache = Gauge("nmt_decoder_cache_bytes", "Decoder cache kept between searches", registry=registry)
+        cache.set_function(translator.cache_bytes)
+
+    def batch(self, sentences: int) -> None:
+        self.batches.observe(sentences)
+        self.sentences.inc(sentences)
+
+    def generated(self, tokens: int) -> None:
+        self.tokens.inc(max(tokens, 0))
+
+    def exposition(self) -> tuple[bytes, str]:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def read_api_keys(path: str | None, environment: str | None) -> tuple[str, ...]:
+    """API keys from a file (one per line; blank lines and # comments skipped) and from NMT_API_KEYS (comma or
+    space separated); one-line NmtError for a missing file or one without keys."""
+    keys: list[str] = []
+    if path is not None:
+        from .textio import read_lines
+
+        lines = [line.strip() for line in read_lines(path)]
+        found = [line for line in lines if line and not line.startswith("#")]
+        if not found:
+            raise NmtError(f"{path}: no API keys in it (one key per line)")
+        keys += found
+    if environment:
+        keys += environment.replace(",", " ").split()
+    return tuple(keys)
+
+
+def authorized(header: str | None, keys: tuple[str, ...]) -> bool:
+    """Whether an Authorization header carries one of `keys` as a Bearer token; every key is compared, in
+    constant time, whatever matches."""
+    scheme, _, token = (header or "").partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        return False
+    given = token.strip().encode()
+    return sum(hmac.compare_digest(given, key.encode()) for key in keys) > 0
+
+
+class AccessLog:
+    """One line per request on stderr: method, path, status, sentences, latency; never the text."""
+
+    def __init__(self, style: str) -> None:
+        if style not in ("plain", "json", "off"):
+            raise NmtError(f"--access-log must be plain, json or off (got {style!r})")
+        self.style = style
+
+    def write(self, method: str, path: str, status: int, sentences: int, seconds: float) -> None:
+        if self.style == "off":
+            return
+        if self.style == "json":
+            line = json.dumps({"time": round(time.time(), 3), "method": method, "path": path, "status": status,
+                               "sentences": sentences, "seconds": round(seconds, 6)})
+        else:
+            line = (f"{time.strftime('%Y-%m-%d %H:%M:%S')} {method} {path} {status} {sentences} sentences "
+                    f"{seconds:.3f} s")
+        print(line, file=sys.stderr, flush=True)
+
+
+async def read_body(request: Any, limit: int) -> bytes:
+    """The request body, read chunk by chunk and refused (413) once it passes `limit` bytes: a declared
+    Content-Length over it is refused before reading, a chunked upload as soon as it grows past it."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise HTTPError(413, f"the body has {int(declared):,} bytes; at most {limit:,}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HTTPError(413, f"the body passed {limit:,} bytes; at most {limit:,}")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def answer(results: list[list[tuple[str, float]]], request: ParsedRequest, nbest: int, warnings: list[str]) -> dict:
+    """The response body: the translations (a list, or one string for a single "text" string; n-best lists
+    when nbest > 1), their scores on request, and the request's warnings."""
+    def shape(items: list) -> Any:
+        return items[0] if request.single else items
+
+    if nbest == 1:
+        body: dict[str, Any] = {"translations": shape([r[0][0] for r in results])}
+        scores = shape([r[0][1] for r in results])
+    else:
+        body = {"translations": shape([[text for text, _ in r] for r in results])}
+        scores = shape([[score for _, score in r] for r in results])
+    if request.return_scores:
+        body["scores"] = scores
+    if warnings:
+        body["warnings"] = warnings
+    return body
+
+
 def create_app(translator: TextTranslator, limits: ServeLimits = ServeLimits(), engine: str = "nmt",
-               executor: ThreadPoolExecutor | None = None) -> Any:
+               executor: ThreadPoolExecutor | None = None, api_keys: tuple[str, ...] = (),
+               access_log: str = "off") -> Any:
     """The FastAPI application serving `translator`, translating on `executor` (one thread; by default a new
-    `translator_thread`)."""
+    `translator_thread`). With `api_keys`, POST /translate and GET /metrics need one as a Bearer token."""
     try:
         from fastapi import FastAPI, Request
-        from fastapi.responses import JSONResponse
+        from fastapi.responses import JSONResponse, Response
     except ImportError:
         raise NmtError(INSTALL_HINT) from None
     from contextlib import asynccontextmanager
 
     state: dict[str, Any] = {}
+    metrics = Metrics(state, translator)
+    log = AccessLog(access_log)
+    translator.limit_cache(int(limits.cache_mb * 2**20))
+    body_limit = limits.body_limit()
 
     @asynccontextmanager
     async def lifespan(app):
-        state["batcher"] = batcher = Batcher(translator, limits, executor)
+        state["batcher"] = batcher = Batcher(translator, limits, executor, metrics)
         task = asyncio.create_task(batcher.run())
         yield
         task.cancel()
@@ -242,6 +432,12 @@ def create_app(translator: TextTranslator, limits: ServeLimits = ServeLimits(), 
     def error(status: int, message: str, **headers: str) -> JSONResponse:
         return JSONResponse({"error": message}, status_code=status, headers=headers or None)
 
+    def refused(request: Request) -> JSONResponse | None:
+        if api_keys and not authorized(request.headers.get("authorization"), api_keys):
+            return error(401, "a valid API key is needed: Authorization: Bearer <key>",
+                         **{"WWW-Authenticate": "Bearer"})
+        return None
+
     @app.get("/health")
     async def health() -> dict:
         batcher: Batcher = state["batcher"]
@@ -250,17 +446,40 @@ def create_app(translator: TextTranslator, limits: ServeLimits = ServeLimits(), 
                 "translated_sentences": batcher.translated_sentences, "batches": batcher.batches,
                 "translate_seconds": round(batcher.translate_seconds, 6)}
 
+    @app.get("/metrics")
+    async def prometheus(request: Request) -> Any:
+        denied = refused(request)
+        if denied is not None:
+            return denied
+        content, media_type = metrics.exposition()
+        return Response(content, media_type=media_type)
+
     @app.post("/translate")
     async def translate(request: Request) -> Any:
+        start = time.perf_counter()
+        response, sentences = await translate_request(request)
+        status = response.status_code if isinstance(response, Response) else 200
+        seconds = time.perf_counter() - start
+        metrics.requests.labels(str(status)).inc()
+        if status == 200:
+            metrics.latency.observe(seconds)
+        log.write("POST", "/translate", status, sentences, seconds)
+        return response
+
+    async def translate_request(request: Request) -> tuple[Any, int]:
+        denied = refused(request)
+        if denied is not None:
+            return denied, 0
         try:
-            sentences, options = parse_request(await request.body(), limits)
+            parsed = parse_request(await read_body(request, body_limit), limits, translator.max_positions)
         except HTTPError as e:
-            return error(e.status, e.message)
+            return error(e.status, e.message), 0
         batcher: Batcher = state["batcher"]
         try:
-            job = batcher.submit(sentences, options)
+            job = batcher.submit(parsed.sentences, parsed.options)
         except QueueFull:
-            return error(503, f"the queue is full ({limits.max_queue} sentences); retry later", **{"Retry-After": "1"})
+            return error(503, f"the queue is full ({limits.max_queue} sentences); retry later",
+                         **{"Retry-After": "1"}), 0
         disconnected = asyncio.create_task(_wait_for_disconnect(request))
         try:
             await asyncio.wait({job.future, disconnected}, return_when=asyncio.FIRST_COMPLETED)
@@ -268,17 +487,19 @@ def create_app(translator: TextTranslator, limits: ServeLimits = ServeLimits(), 
             disconnected.cancel()
         if not job.future.done():  # the client went away first: skip its work if its batch has not started
             batcher.cancel(job)
-            return error(499, "client closed the request")
+            return error(499, "client closed the request"), 0
         try:
-            return {"translations": job.future.result()}
+            results, warnings = job.future.result()
         except NmtError as e:
-            return error(422, str(e))
+            return error(422, str(e)), 0
         except Exception as e:  # noqa: BLE001 - one failed batch must not stop the server
-            return error(500, f"translation failed: {type(e).__name__}: {e}")
+            return error(500, f"translation failed: {type(e).__name__}: {e}"), 0
+        return answer(results, parsed, dict(parsed.options)["nbest"], warnings), len(parsed.sentences)
 
     @app.exception_handler(404)
     async def not_found(request: Request, exc: Exception) -> JSONResponse:
-        return error(404, f"no such endpoint: {request.method} {request.url.path} (use POST /translate, GET /health)")
+        return error(404, f"no such endpoint: {request.method} {request.url.path} "
+                          "(use POST /translate, GET /health, GET /metrics)")
 
     @app.exception_handler(405)
     async def wrong_method(request: Request, exc: Exception) -> JSONResponse:
@@ -305,17 +526,39 @@ def check_port(host: str, port: int) -> None:
         raise NmtError(f"{host}:{port}: cannot listen there ({e.strerror or e})") from None
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
 def serve(translator: TextTranslator, host: str, port: int, limits: ServeLimits, engine: str,
-          on_ready: Any = None, executor: ThreadPoolExecutor | None = None) -> None:
-    """Run the HTTP server until interrupted; batches run on `executor` (the thread that loaded `translator`,
-    see `translator_thread`)."""
+          on_ready: Any = None, executor: ThreadPoolExecutor | None = None, api_keys: tuple[str, ...] = (),
+          access_log: str = "plain") -> None:
+    """Run the HTTP server until SIGTERM or Ctrl-C; batches run on `executor` (the thread that loaded
+    `translator`, see `translator_thread`). SIGTERM stops accepting connections, answers what is queued (for
+    up to `limits.shutdown_seconds`) and returns, so the process exits 0."""
     try:
         import uvicorn
     except ImportError:
         raise NmtError(INSTALL_HINT) from None
-    app = create_app(translator, limits, engine, executor)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+    app = create_app(translator, limits, engine, executor, api_keys, access_log)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=limits.shutdown_seconds)
     server = uvicorn.Server(config)
+    if host not in LOOPBACK and not api_keys:
+        print(f"nmt serve: warning: listening on {host} without API keys: anyone who can reach port {port} can "
+              "use it (--api-key-file FILE or NMT_API_KEYS)", file=sys.stderr, flush=True)
     if on_ready:
         on_ready()
-    server.run()
+    # uvicorn re-raises the signal that stopped it once it has shut down gracefully: handled (ignored) here, it
+    # ends the process normally (exit 0) instead of killing it.
+    previous = signal.signal(signal.SIGTERM, lambda *_: None) if _main_thread() else None
+    try:
+        server.run()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()

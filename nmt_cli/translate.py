@@ -45,6 +45,13 @@ class Translator(TextTranslator):
             torch.set_num_threads(threads)
         self.threads_per_worker = max(1, (threads or torch.get_num_threads()) // workers)
 
+    def cache_bytes(self) -> int:
+        return self.ensemble.pool.kept_bytes()
+
+    def limit_cache(self, max_bytes: int) -> None:
+        self.ensemble.pool.max_bytes = max_bytes
+        self.ensemble.pool.give([])  # releases what is above the new ceiling now
+
     @classmethod
     def from_checkpoint(cls, paths: str | Path | Sequence[str | Path], device: str | None = "cpu",
                         precision: str = "fp32", threads: int = 0, workers: int = 1) -> Translator:

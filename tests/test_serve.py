@@ -24,12 +24,13 @@ uvicorn = require_extra("uvicorn")  # an optional extra: skipped without it, exc
 class Server:
     """An nmt server in a background thread, on a free loopback port."""
 
-    def __init__(self, translator, limits: ServeLimits, executor: ThreadPoolExecutor | None = None) -> None:
+    def __init__(self, translator, limits: ServeLimits, executor: ThreadPoolExecutor | None = None,
+                 api_keys: tuple[str, ...] = ()) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        config = uvicorn.Config(create_app(translator, limits, executor=executor), host="127.0.0.1", port=self.port,
-                                log_level="error")
+        config = uvicorn.Config(create_app(translator, limits, executor=executor, api_keys=api_keys),
+                                host="127.0.0.1", port=self.port, log_level="error")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
@@ -42,20 +43,23 @@ class Server:
         self.server.should_exit = True
         self.thread.join(10)
 
-    def post(self, body: bytes | dict, path: str = "/translate") -> tuple[int, dict]:
+    def post(self, body: bytes | dict, path: str = "/translate", key: str | None = None) -> tuple[int, dict]:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data,
-                                         headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=60) as response:
                 return response.status, json.loads(response.read())
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read())
 
-    def get(self, path: str) -> tuple[int, dict]:
+    def get(self, path: str, key: str | None = None) -> tuple[int, dict | str]:
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}",
+                                         headers={"Authorization": f"Bearer {key}"} if key else {})
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=60) as response:
-                return response.status, json.loads(response.read())
+            with urllib.request.urlopen(request, timeout=60) as response:
+                raw = response.read()
+                return response.status, raw.decode() if path == "/metrics" else json.loads(raw)
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read())
 
@@ -131,8 +135,15 @@ def test_a_batch_waits_only_until_the_last_batchs_clients_are_back(translator, s
     (b"{not json", 400, "not JSON"),
     (b'{"text": ["caf\xe9"]}', 400, "not UTF-8"),
     (b"[1, 2]", 422, "JSON object"),
-    ({"text": "one string"}, 422, "list of strings"),
+    ({"text": {"a": 1}}, 422, "string or a list of strings"),
     ({"text": [1, 2]}, 422, "list of strings"),
+    (b"[" * 6000 + b"]" * 6000, 400, "nested too deeply"),  # within the body limit, deeper than Python's stack
+    (b"[" * 100_000 + b"]" * 100_000, 413, "at most 13,760"),
+    (b'{"text": ["a"], "max_len_a": NaN}', 422, "\"max_len_a\" must be a finite number"),
+    (b'{"text": ["a"], "lenpen": Infinity}', 422, "\"lenpen\" must be a finite number"),
+    (b'{"text": ["a"], "max_len_b": 100000000000000000000}', 422, "\"max_len_b\" must be between 0 and 100,000"),
+    ({"text": ["a"], "nbest": 5, "beam": 4}, 422, "nbest 5 is larger than beam 4"),
+    ({"text": ["a"], "return_scores": 1}, 422, "\"return_scores\" must be true or false"),
     ({"text": []}, 422, "empty"),
     ({"text": ["a"] * 9}, 413, "at most 8"),
     ({"text": ["a" * 101]}, 413, "at most 100"),
@@ -164,12 +175,14 @@ class SlowTranslator:
 
     def __init__(self, translator: Translator) -> None:
         self.inner, self.release, self.calls = translator, threading.Event(), []
-        self.source_lang, self.target_lang = translator.source_lang, translator.target_lang
 
-    def translate(self, sentences, **options):
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def translate_nbest(self, sentences, **options):
         self.calls.append(list(sentences))
         self.release.wait(30)
-        return self.inner.translate(sentences, **options)
+        return self.inner.translate_nbest(sentences, **options)
 
 
 def test_the_queue_bound_holds_and_a_client_that_left_costs_nothing(translator, sentences):
@@ -219,14 +232,173 @@ def test_batches_run_on_the_thread_that_loaded_the_model(toy_model, sentences):
     loader = executor.submit(threading.current_thread).result()
     translator = executor.submit(Translator.from_checkpoint, toy_model).result()
     threads = set()
-    translate = translator.translate
+    translate = translator.translate_nbest
 
     def recording(*args, **kwargs):
         threads.add(threading.current_thread())
         return translate(*args, **kwargs)
 
-    translator.translate = recording
+    translator.translate_nbest = recording
     with Server(translator, ServeLimits(), executor) as server:
         for sentence in sentences[:3]:
             assert server.post({"text": [sentence]})[0] == 200
     assert threads == {loader}
+
+
+def test_one_string_in_one_string_out_and_nbest_with_the_scores_of_nmt_translate(translator, sentences):
+    with Server(translator, ServeLimits()) as server:
+        status, body = server.post({"text": sentences[0]})
+        assert status == 200 and body == {"translations": translator.translate([sentences[0]])[0]}
+        expected = translator.translate_nbest(sentences[:3], beam=4, nbest=3)
+        status, body = server.post({"text": sentences[:3], "nbest": 3, "return_scores": True})
+        assert status == 200 and body["translations"] == [[t for t, _ in hyps] for hyps in expected]
+        assert body["scores"] == [[score for _, score in hyps] for hyps in expected]
+        status, body = server.post({"text": sentences[1], "return_scores": True, "greedy": True})
+        (text, score), = translator.translate_nbest([sentences[1]], greedy=True)[0]
+        assert body == {"translations": text, "scores": score}
+
+
+def test_request_limits_are_checked_before_the_work_is_queued(translator, sentences):
+    """A chunked body is refused once it passes the limit; a request over the decoder-work budget (sentences x
+    beam x length limit) gets 413 naming the budget, and the translator never sees it."""
+    slow = SlowTranslator(translator)
+    slow.release.set()
+    limits = ServeLimits(max_sentences=64, max_chars=100, max_work=64 * 4 * 60)
+    with Server(slow, limits) as server:
+        chunk = b'{"text": [' + b'"aaaa",' * 2000
+        raw = socket.create_connection(("127.0.0.1", server.port))
+        raw.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Transfer-Encoding: chunked\r\n\r\n")
+        for _ in range(20):  # 20 x 14 KB chunks, never finished: refused after the first two
+            try:
+                raw.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            except OSError:
+                break
+        raw.settimeout(10)
+        reply = ""
+        while not reply.endswith("}"):
+            part = raw.recv(4096).decode()
+            if not part:
+                break
+            reply += part
+        raw.close()
+        assert reply.startswith("HTTP/1.1 413") and f"at most {limits.body_limit():,}" in reply
+        big = {"text": [sentences[0]] * 64, "beam": 64}
+        status, body = server.post(big)
+        assert status == 413 and "at most 15,360 per request" in body["error"] and "tokens" in body["error"]
+        assert not slow.calls
+        status, body = server.post({"text": sentences[:4]})  # within the budget: served
+        assert status == 200 and body["translations"] == translator.translate(sentences[:4])
+
+
+def test_truncation_warnings_belong_to_their_request_and_never_pile_up(translator, sentences):
+    long_sentence = " ".join(f"w{i % 24}" for i in range(1100)).capitalize() + "."  # > the model's 1,022 tokens
+    with Server(translator, ServeLimits(max_chars=10_000, max_work=10**7)) as server:
+        status, body = server.post({"text": [sentences[0], long_sentence], "greedy": True, "max_len_b": 5})
+        assert status == 200 and len(body["translations"]) == 2
+        assert len(body["warnings"]) == 1 and body["warnings"][0].startswith("text[1]: ")
+        assert "translated truncated" in body["warnings"][0]
+        status, body = server.post({"text": [sentences[1]]})
+        assert status == 200 and "warnings" not in body
+    assert translator.warnings == [] and translator.truncated == []
+
+
+def test_the_decoder_cache_kept_between_requests_stays_under_its_ceiling(toy_model, sentences):
+    own = Translator.from_checkpoint(toy_model)
+    with Server(own, ServeLimits(max_work=10**7)) as server:  # the default ceiling: 256 MB
+        assert server.post({"text": sentences[:32], "beam": 16})[0] == 200
+        assert 0 < own.cache_bytes() <= 256 * 2**20
+    own = Translator.from_checkpoint(toy_model)
+    with Server(own, ServeLimits(max_work=10**7, cache_mb=0.05)) as server:
+        assert server.post({"text": sentences[:32], "beam": 16})[0] == 200
+        assert own.cache_bytes() <= 0.05 * 2**20
+        assert server.post({"text": sentences[:2]})[0] == 200  # and it still serves
+
+
+def test_api_keys_and_metrics(translator, sentences):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with Server(translator, ServeLimits(), api_keys=("k-one", "k-two")) as server:
+        assert server.post({"text": sentences[:2]})[0] == 401
+        status, body = server.post({"text": sentences[:2]}, key="k-wrong")
+        assert status == 401 and "Bearer" in body["error"]
+        assert server.get("/metrics")[0] == 401
+        assert server.get("/health")[0] == 200  # a load balancer's probe needs no key
+        for key in ("k-one", "k-two"):
+            status, body = server.post({"text": sentences[:2]}, key=key)
+            assert status == 200 and body["translations"] == translator.translate(sentences[:2])
+        server.post({"text": []}, key="k-one")
+        status, text = server.get("/metrics", key="k-two")
+        assert status == 200
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        requests = {s.labels["status"]: s.value for s in families["nmt_requests"].samples
+                    if s.name == "nmt_requests_total"}
+        assert requests == {"200": 2, "401": 2, "422": 1}
+        sentences_total = next(s.value for s in families["nmt_sentences"].samples if s.name == "nmt_sentences_total")
+        assert sentences_total == 4
+        assert next(s.value for s in families["nmt_generated_tokens"].samples
+                    if s.name == "nmt_generated_tokens_total") > 4
+        assert next(s.value for s in families["nmt_request_seconds"].samples
+                    if s.name == "nmt_request_seconds_count") == 2
+        assert "nmt_queue_sentences" in families and "nmt_decoder_cache_bytes" in families
+
+
+def test_api_key_file_and_its_errors(toy_model, tmp_path):
+    from nmt_cli.serve import authorized, read_api_keys
+
+    keys = tmp_path / "keys"
+    keys.write_text("# team keys\nalpha\n\n beta \n")
+    assert read_api_keys(str(keys), "gamma, delta") == ("alpha", "beta", "gamma", "delta")
+    assert authorized("Bearer beta", ("alpha", "beta")) and not authorized("Bearer bet", ("alpha", "beta"))
+    assert not authorized("Basic alpha", ("alpha",)) and not authorized(None, ("alpha",))
+    (tmp_path / "empty").write_text("# none\n")
+    expect_error(run_cli("serve", "-m", toy_model, "--api-key-file", tmp_path / "empty"), "empty", "no API keys")
+    expect_error(run_cli("serve", "-m", toy_model, "--api-key-file", tmp_path / "nope"), "nope", "no such file")
+    expect_error(run_cli("serve", "-m", toy_model, "--access-log", "xml"), "--access-log")
+    expect_error(run_cli("serve", "-m", toy_model, "--max-work", "0"), "--max-work")
+    expect_error(run_cli("serve", "-m", toy_model, "--cache-mb", "nan"), "--cache-mb")
+
+
+def test_sigterm_answers_queued_work_then_exits_0(toy_model, sentences):
+    """`nmt serve` on all interfaces without keys warns at start; SIGTERM while requests wait for their batch:
+    every one is answered, then the process exits 0. The access log has one line per request, no text."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "nmt_cli", "serve", "-m", str(toy_model), "--host", "0.0.0.0",
+                             "--port", str(port), "--batch-wait-ms", "1500", "--max-batch", "64"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        probe = Server.__new__(Server)
+        probe.port = port
+        wait_until(lambda: _listening(port), timeout=60)
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(probe.post, {"text": [sentences[i]]}) for i in range(4)]
+            wait_until(lambda: probe.get("/health")[1]["queued_sentences"] == 4)
+            proc.send_signal(signal.SIGTERM)
+            answers = [f.result() for f in futures]
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+    err = proc.stderr.read()
+    assert [a[0] for a in answers] == [200] * 4
+    assert [a[1]["translations"][0] for a in answers] == Translator.from_checkpoint(toy_model).translate(
+        sentences[:4])
+    assert "warning: listening on 0.0.0.0 without API keys" in err
+    lines = [x for x in err.splitlines() if " POST /translate 200 1 sentences " in x]
+    assert len(lines) == 4 and not any(sentences[0] in x for x in err.splitlines())
+    assert "Traceback" not in err
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
