@@ -7,6 +7,7 @@ Every measurement runs `--rounds` times (default 2: the first also pays oneDNN's
 not seen yet) and the best round is reported.
 
     python benchmarks/serve.py [--model exp/multi30k/model.pt] [--clients 1,8,32] [--sentences 500] [--rounds 2]
+    python benchmarks/serve.py --soak MINUTES [--model ...] [--json FILE]   # good and bad requests (soak.py)
 """
 
 from __future__ import annotations
@@ -88,9 +89,19 @@ def main() -> list[list]:
     parser.add_argument("--batch-wait-ms", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=2,
                         help="runs of each measurement (references and each client count); the best is reported")
+    parser.add_argument("--soak", type=float, metavar="MINUTES",
+                        help="instead: good and bad requests for MINUTES (benchmarks/soak.py)")
+    parser.add_argument("--json", type=Path, help="with --soak: also write its record here")
     args = parser.parse_args()
     if not Path(args.model).exists():
         sys.exit(f"benchmark: {args.model} not found; run `make multi30k` first or pass --model")
+    if args.soak is not None:
+        from soak import soak
+
+        record = soak(args.model, args.soak)
+        if args.json:
+            args.json.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        return []
     from nmt_cli.engines import load_translator
 
     sentences = flickr_test_sources()[: args.sentences]

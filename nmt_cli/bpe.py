@@ -119,6 +119,8 @@ def learn_bpe_codes(word_counts: Mapping[str, int], merges: int, min_frequency: 
                     big_stats[item] = freq
         dirty.clear()
 
+    if not stats:  # no word of two or more characters: nothing to merge (subword-nmt fails here)
+        return "".join(out)
     threshold = max(stats.values()) / 10
     most_frequent: tuple[str, str] | None = None
     for i in range(merges):

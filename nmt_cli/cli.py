@@ -154,7 +154,7 @@ def prepare_cmd(
     max_len: Annotated[int, typer.Option(help="Drop training pairs with a side longer than this (BPE pieces).")] = 250,
     max_ratio: Annotated[float, typer.Option(help="Drop training pairs whose length ratio exceeds this.")] = 1.5,
     vocab_threshold: Annotated[int, typer.Option(help="Keep BPE pieces seen at least this often.")] = 1,
-    force: Annotated[bool, typer.Option(help="Overwrite an existing --out.")] = False,
+    force: Annotated[bool, typer.Option(help="Replace a data dir nmt made at --out (nothing else).")] = False,
     normalize_punctuation: Annotated[bool, typer.Option(
         help="Normalize punctuation (Moses) and remove non-printing characters before tokenizing, as fairseq's "
              "WMT14 script does; stored with the model, so translate does the same.")] = False,
@@ -262,7 +262,7 @@ def binarize_cmd(
     max_len: Annotated[int, typer.Option(help="Drop training pairs with a side longer than this (BPE pieces).")] = 250,
     max_ratio: Annotated[float, typer.Option(help="Drop training pairs whose length ratio exceeds this.")] = 1.5,
     vocab_threshold: Annotated[int, typer.Option(help="Keep BPE pieces seen at least this often.")] = 1,
-    force: Annotated[bool, typer.Option(help="Overwrite an existing --out.")] = False,
+    force: Annotated[bool, typer.Option(help="Replace a data dir nmt made at --out (nothing else).")] = False,
 ) -> None:
     """Build a trainable data dir from your own tokenized + BPE text (vocabulary from train, meta.json last)."""
     from .prepare import PrepareOptions, binarize_segmented

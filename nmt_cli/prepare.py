@@ -235,6 +235,9 @@ def _check_options(opts: PrepareOptions) -> Path:
     out = Path(opts.out)
     if out.exists() and not opts.force:
         raise NmtError(f"{out}: already exists (use --force to overwrite)")
+    if out.exists() and not (out.is_dir() and not out.is_symlink() and (out / "meta.json").is_file()):
+        raise NmtError(f"{out}: not a data dir that nmt prepare made (no meta.json); --force replaces only those: "
+                       "choose another --out")
     return out
 
 

@@ -373,12 +373,17 @@ async def read_body(request: Any, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise HTTPError(413, f"the body has {int(declared):,} bytes; at most {limit:,}")
+    from starlette.requests import ClientDisconnect
+
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HTTPError(413, f"the body passed {limit:,} bytes; at most {limit:,}")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise HTTPError(413, f"the body passed {limit:,} bytes; at most {limit:,}")
+            chunks.append(chunk)
+    except ClientDisconnect:  # gone before its body arrived: nobody to answer, nothing to log as an error
+        raise HTTPError(499, "client closed the request") from None
     return b"".join(chunks)
 
 

@@ -91,6 +91,10 @@ class BpeApplier:
     """Applies BPE codes to tokenized lines, caching each word's segmentation."""
 
     def __init__(self, codes: str) -> None:
+        if not [line for line in codes.splitlines() if line.strip() and not line.startswith("#version")]:
+            # Zero merges (a corpus without two-character words): every word splits into its characters.
+            # subword-nmt refuses a codes file without merges, so it gets one that no text can match.
+            codes = codes.rstrip("\n") + "\n\ue000 \ue001\n"
         self._bpe = BPE(io.StringIO(codes), separator=BPE_SEPARATOR)
         self._cache: dict[str, str] = {}
 

@@ -108,14 +108,19 @@ def remove_temporaries(folder: Path, name: str | None = None) -> None:
 
 
 def alive(pid: int) -> bool:
-    """Whether a process of this host has this pid."""
+    """Whether a process of this host has this pid and is still running (a zombie, killed but not yet reaped
+    by its parent, is not: kill(pid, 0) alone would call it alive and keep its leftovers forever)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc: trust kill
+    return state not in ("Z", "X")
 
 
 @contextlib.contextmanager

@@ -113,6 +113,7 @@ def _receive(outbox: Any, proc: Any) -> Any:
 def _serve(fn: Callable[[Any], Any], inbox: Any, outbox: Any, initializer: Callable[..., None] | None,
            initargs: tuple, parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent(parent)
     if initializer is not None:
         initializer(*initargs)
     while True:
@@ -131,6 +132,20 @@ def _serve(fn: Callable[[Any], Any], inbox: Any, outbox: Any, initializer: Calla
             outbox.put((True, fn(message[0])))
         except Exception as e:  # raised again in the main process
             outbox.put((False, e if _picklable(e) else RuntimeError(f"{type(e).__name__}: {e}")))
+
+
+def _die_with_parent(parent: int) -> None:
+    """Have Linux kill this worker the moment its parent dies (prctl PR_SET_PDEATHSIG), even in the middle of a
+    job; elsewhere the worker notices between jobs (`_serve`'s poll)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # died before the request took effect
+        os._exit(0)
 
 
 def _picklable(value: Any) -> bool:

@@ -106,16 +106,15 @@ def test_output_paths_that_are_directories_or_under_files(raw, toy_data, tmp_pat
     base = ["prepare", "-s", "en", "-t", "de", "--train", raw / "train", "--valid", raw / "val", "--bpe-merges", "10",
             "--quiet", "--workers", "1"]
     expect_error(run_cli(*base, "--out", tmp_path / "afile" / "d"), "afile", "not a directory")
-    # --force onto a file or a symlink replaces the name, never what a link points to
-    assert run_cli(*base, "--out", tmp_path / "afile", "--force").exit_code == 0
-    assert (tmp_path / "afile" / "meta.json").exists()
+    # --force onto a file or a symlink is refused: it replaces only a data dir nmt made (a typo costs nothing)
+    expect_error(run_cli(*base, "--out", tmp_path / "afile", "--force"), "afile", "not a data dir")
+    assert (tmp_path / "afile").read_text() == "x"
     target = tmp_path / "target"
     target.mkdir()
     (target / "keep").write_text("precious")
     (tmp_path / "link").symlink_to(target)
-    assert run_cli(*base, "--out", tmp_path / "link", "--force").exit_code == 0
-    assert (target / "keep").read_text() == "precious" and (tmp_path / "link" / "meta.json").exists()
-    assert not (tmp_path / "link").is_symlink()
+    expect_error(run_cli(*base, "--out", tmp_path / "link", "--force"), "link", "not a data dir")
+    assert (target / "keep").read_text() == "precious" and (tmp_path / "link").is_symlink()
     (tmp_path / "plainfile").write_text("x")
     expect_error(run_cli("train", toy_data, "--save-dir", tmp_path / "plainfile", "--arch", "tiny", "--quiet",
                          "--device", "cpu"), "plainfile", "not a directory")

@@ -249,3 +249,66 @@ def test_ordered_map_raises_worker_errors_and_deaths_and_leaves_no_worker_behind
     assert next(results) == 100
     results.close()
     assert not mp.active_children()
+
+
+def test_force_replaces_only_a_data_dir_prepare_made(toy_data, tmp_path):
+    """`--out FILE --force` with FILE an ordinary file (a typo in --out) or a folder of something else: one
+    line, exit 2, the file or folder untouched."""
+    raw = toy_data.parent / "raw"
+    args = ["prepare", "-s", "en", "-t", "de", "--train", raw / "train", "--valid", raw / "valid", "--bpe-merges",
+            "20", "--quiet", "--workers", "1", "--force", "--out"]
+    precious = tmp_path / "notes.txt"
+    precious.write_text("do not lose me\n")
+    expect_error(run_cli(*args, precious), "notes.txt", "not a data dir that nmt prepare made")
+    assert precious.read_text() == "do not lose me\n"
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    (folder / "a.jpg").write_bytes(b"x")
+    expect_error(run_cli(*args, folder), "photos", "--force replaces only those")
+    assert (folder / "a.jpg").exists()
+    assert run_cli(*args, tmp_path / "data").exit_code == 0  # and a data dir is replaced as before
+    assert run_cli(*args, tmp_path / "data").exit_code == 0
+
+
+def test_a_corpus_without_two_character_words_learns_no_merges(tmp_path):
+    """No word of two or more characters: nothing for BPE to merge; prepare writes zero merges instead of a
+    traceback from the learner (max of an empty sequence)."""
+    for lang, letters in (("en", "a b c d"), ("de", "e f g h")):
+        (tmp_path / f"train.{lang}").write_text(f"{letters}\n" * 20)
+        (tmp_path / f"valid.{lang}").write_text(f"{letters}\n" * 2)
+    result = run_cli("prepare", "-s", "en", "-t", "de", "--train", tmp_path / "train", "--valid", tmp_path / "valid",
+                     "--out", tmp_path / "data", "--quiet", "--workers", "1")
+    assert result.exit_code == 0, result.stderr
+    assert (tmp_path / "data" / "bpe.codes").read_text().splitlines() == ["#version: 0.2"]
+
+
+def test_workers_die_with_their_parent_even_mid_job(tmp_path):
+    """kill -9 of a process whose workers are in the middle of a long job: they are gone within a second (they
+    no longer finish their chunk first), and the zombie the killed parent leaves until reaped does not keep its
+    staging folder from being removed."""
+    import subprocess
+    import sys
+    import time
+
+    from nmt_cli.textio import alive, remove_temporaries
+
+    script = ("import os, sys, time\n"
+              "from nmt_cli.workers import ordered_map\n"
+              "def job(x):\n"
+              "    print(os.getpid(), flush=True)\n"
+              "    time.sleep(30)\n"
+              "list(ordered_map(job, range(2), 2))\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    workers = [int(proc.stdout.readline()) for _ in range(2)]
+    staging = tmp_path / f".data.{proc.pid}.abcd.tmp"
+    staging.mkdir()
+    os.kill(proc.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 1.0
+    while any(alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not any(alive(w) for w in workers)
+    time.sleep(0.1)
+    assert not alive(proc.pid)  # a zombie (not reaped yet): not a running process
+    remove_temporaries(tmp_path, "data")
+    assert not staging.exists()
+    proc.wait()
