@@ -9,6 +9,10 @@ __version__ = "0.1.0"
 # the cache size once, at its first kernel, so the first workload in a process decides it.
 TRAINING_KERNEL_CACHE = 128  # variable (batch x length) shapes: 256 held ~190 MB more at the same speed
 DECODING_KERNEL_CACHE = 4096  # beam search's shrinking row counts cycle through ~500 shapes; 256 thrashes (-15%)
+# A server meets many more (batch x length x beam) shapes than a file: with 4,096 kernels its memory still grew
+# after 10 minutes of soak (1.7 -> 2.9 GB); with 1,024 it levels off at ~2.6 GB after 4 minutes, latency unchanged
+# (p50 766 vs 782 ms); with 256 at ~1.8 GB, 13% slower (docs/benchmarks.md, "Serving soak").
+SERVING_KERNEL_CACHE = 1024
 
 
 def size_kernel_cache(capacity: int) -> None:

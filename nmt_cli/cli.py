@@ -663,6 +663,9 @@ def serve_cmd(
     AccessLog(access_log)  # checks the style
     api_keys = read_api_keys(str(api_key_file) if api_key_file else None, os.environ.get("NMT_API_KEYS"))
     check_port(host, port)
+    from . import SERVING_KERNEL_CACHE, size_kernel_cache
+
+    size_kernel_cache(SERVING_KERNEL_CACHE)  # before any kernel: bounded memory over many request shapes
     executor = translator_thread()  # loads the model and runs every batch: one thread for all PyTorch work
     translator = executor.submit(load_translator, model, device=device.value if device else None,
                                  precision=precision.value, threads=threads, engine=engine.value).result()

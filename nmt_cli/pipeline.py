@@ -102,6 +102,10 @@ class TextTranslator:
                            "and the search could not stop early")
         if max_len_a < 0 or max_len_b < 0:
             raise NmtError("--max-len-a and --max-len-b must be 0 or more")
+        if max_len_a > 100 or max_len_b > 100_000:
+            # the model's positions cap every output anyway; beyond these the limits only overflow integers
+            raise NmtError(f"--max-len-a must be at most 100 and --max-len-b at most 100000 (got {max_len_a:g} and "
+                           f"{max_len_b:g})")
 
     def translate_nbest(self, sentences: Sequence[str], beam: int = 4, lenpen: float = 0.6, max_len_a: float = 1.0,
                         max_len_b: int = 50, batch_size: int = 64, max_tokens: int | None = None,

@@ -130,11 +130,10 @@ def train_step(runner: nn.Module, model: Transformer, micro: list[Batch], optimi
         update_loss += loss.detach()
     if scaler.is_enabled():
         scaler.unscale_(optimizer)  # records its own inf check for scaler.update, on the device
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
     if opts.clip_norm > 0:
         norm = nn.utils.clip_grad_norm_(model.parameters(), opts.clip_norm)
     else:
-        norm = nn.utils.get_total_norm(grads)
+        norm = nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
     # [loss, non-finite, tokens, *flags]: summed over processes in one all-reduce, read in one go
     host_values = _on_device([local_tokens, *(flags() if flags else ())], device)
     shared = torch.cat([torch.stack([update_loss, (~torch.isfinite(norm)).double()]), host_values])

@@ -264,4 +264,9 @@ def test_translate_options_are_checked_before_anything_is_printed(toy_model, tmp
     expect_error(run_cli("translate", "-m", toy_model, "-i", src, "-o", out, "--beam", "0"), "--beam")
     for flag in ("--max-len-a", "--lenpen"):
         expect_error(run_cli("translate", "-m", toy_model, "-i", src, "-o", out, flag, "nan"), flag, "finite")
+    # the server's ranges hold for the command line too: 1e20 as an integer would overflow the search's tensors
+    expect_error(run_cli("translate", "-m", toy_model, "-i", src, "-o", out, "--max-len-b", "100000000000000000000"),
+                 "--max-len-b at most 100000", "got")
+    expect_error(run_cli("translate", "-m", toy_model, "-i", src, "-o", out, "--max-len-a", "1e6"),
+                 "--max-len-a must be at most 100")
     assert not out.exists()
