@@ -1,9 +1,14 @@
-"""Helpers shared by the benchmarks: where the data is, and how to print a table."""
+"""Helpers shared by the benchmarks: where the data is, how to print a table, and an `nmt serve` to load."""
 
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
 import sys
+import tempfile
+import time
+import urllib.request
 from pathlib import Path
 
 from rich.console import Console
@@ -44,3 +49,36 @@ def print_table(title: str, columns: list[str], rows: list[list]) -> None:
     for row in rows:
         table.add_row(*[f"{x:,.1f}" if isinstance(x, float) else str(x) for x in row])
     Console(width=max(Console().width, 140)).print(table)
+
+
+class ServeProcess:
+    """`nmt serve -m MODEL FLAGS...` on a free loopback port, started and stopped (SIGTERM) with `with`. Its
+    stderr goes to a file, `log()`: a pipe nobody reads fills up with access-log lines and blocks the server."""
+
+    def __init__(self, model: str, *flags: str) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.command = [sys.executable, "-m", "nmt_cli", "serve", "-m", model, "--port", str(self.port),
+                        "--device", "cpu", *flags]
+        self._log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+
+    def __enter__(self) -> ServeProcess:
+        self.proc = subprocess.Popen(self.command, stderr=self._log, text=True)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5).close()
+                return self
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.proc.kill()
+                    sys.exit(f"benchmark: the server did not start: {self.log()}")
+                time.sleep(0.2)
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        self.proc.wait(60)
+
+    def log(self) -> str:
+        return Path(self._log.name).read_text()

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import resource
 import subprocess
 import sys
@@ -32,6 +31,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from synthetic import write_word_mapping_task  # noqa: E402  (benchmarks/, the script's folder)
 
 LEARN_PPL = 1.5
 RESUME_ATOL = 1e-4
@@ -42,24 +43,11 @@ SIZES = {  # device -> learning model and updates, throughput models, timed upda
 }
 
 
-def write_task(prefix: Path, n: int, seed: int) -> None:
-    """n sentence pairs of the synthetic task at prefix.en / prefix.de."""
-    rng = random.Random(seed)
-    src, tgt = [], []
-    for _ in range(n):
-        words = [rng.randrange(24) for _ in range(rng.randint(2, 7))]
-        src.append(" ".join(f"w{i}" for i in words).capitalize() + ".")
-        tgt.append(" ".join(f"v{i}" for i in words).capitalize() + ".")
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{prefix}.en").write_text("\n".join(src) + "\n", encoding="utf-8")
-    Path(f"{prefix}.de").write_text("\n".join(tgt) + "\n", encoding="utf-8")
-
-
 def prepare_task(root: Path) -> Path:
     from nmt_cli.prepare import PrepareOptions, prepare
 
-    write_task(root / "raw" / "train", 1200, seed=1)
-    write_task(root / "raw" / "valid", 60, seed=2)
+    write_word_mapping_task(root / "raw" / "train", 1200, seed=1)
+    write_word_mapping_task(root / "raw" / "valid", 60, seed=2)
     prepare(PrepareOptions("en", "de", str(root / "raw" / "train"), str(root / "raw" / "valid"), root / "data",
                            bpe_merges=30, workers=1, quiet=True))
     return root / "data"
@@ -161,6 +149,7 @@ def check_speed(device_name: str, arch: str, max_tokens: int) -> dict:
     batches = _synthetic_batches(8, max_tokens, seed=1)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    loss_module = TranslationLoss(model, 0.1)
     tokens, start = 0, 0.0
     for step in range(warm + timed):
         if step == warm:
@@ -168,7 +157,7 @@ def check_speed(device_name: str, arch: str, max_tokens: int) -> dict:
                 torch.cuda.synchronize(device)
             start, tokens = time.perf_counter(), 0
         micro = [batches[step % len(batches)].to(device)]
-        train_step(TranslationLoss(model, 0.1), model, micro, optimizer, scaler, opts, D.DistContext(), device)
+        train_step(loss_module, model, micro, optimizer, scaler, opts, D.DistContext(), device)
         tokens += micro[0].ntokens
     seconds = time.perf_counter() - start  # train_step's host read waits for the update
     speed = tokens / seconds

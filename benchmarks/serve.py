@@ -15,16 +15,14 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
-from common import REPO, flickr_test_sources, machine, print_table
+from common import REPO, ServeProcess, flickr_test_sources, machine, print_table
 
 
 def _post(port: int, sentence: str, connection: http.client.HTTPConnection | None = None) -> list[str]:
@@ -138,23 +136,9 @@ def _serve_rows(args, sentences: list[str], expected: list[str], reference: floa
     """`nmt serve` under each client count."""
     rounds = max(1, args.rounds)
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "nmt_cli", "serve", "-m", args.model, "--port", str(port),
-                               "--device", "cpu", "--batch-wait-ms", str(args.batch_wait_ms)],
-                              stderr=subprocess.PIPE, text=True)
     rows = []
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
-                    break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    sys.exit(f"benchmark: the server did not start: {server.stderr.read()}")
-                time.sleep(0.2)
+    with ServeProcess(args.model, "--batch-wait-ms", str(args.batch_wait_ms), "--access-log", "off") as server:
+        port = server.port
         for s in sentences[:64]:
             _post(port, s)  # warm-up
         assert _post(port, sentences[0]) == expected[:1]
@@ -176,9 +160,6 @@ def _serve_rows(args, sentences: list[str], expected: list[str], reference: floa
                          f"{100 * rate / reference:.0f}%", f"{1000 * statistics.median(latencies):.0f}",
                          f"{1000 * q[18]:.0f}", f"{per_batch:.1f}", f"{100 * busy / seconds:.0f}%" if busy else "-",
                          f"{translated / busy:.1f}" if busy else "-"])
-    finally:
-        server.terminate()
-        server.wait(30)
     return rows
 
 

@@ -17,16 +17,13 @@ import json
 import random
 import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 
-from common import flickr_test_sources, machine, print_table
+from common import ServeProcess, flickr_test_sources, machine, print_table
 
 KEY = "soak-key"
 CLIENTS = 8
@@ -98,36 +95,20 @@ def soak(model: str, minutes: float) -> dict:
     translator = load_translator([model], device="cpu")
     expected = [translator.translate(g["text"], greedy=g.get("greedy", False)) for g in goods]
     del translator
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     with tempfile.NamedTemporaryFile("w", suffix=".keys", delete=False) as keys:
         keys.write(KEY + "\n")
-    # The server's stderr goes to a file (a pipe nobody reads would fill and block the server's event loop).
-    log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-    server = subprocess.Popen([sys.executable, "-m", "nmt_cli", "serve", "-m", model, "--port", str(port),
-                               "--device", "cpu", "--api-key-file", keys.name, "--access-log", "off"],
-                              stderr=log, text=True)
     counts: Counter = Counter()
     wrong: list[str] = []
     latencies: list[float] = []
     lock = threading.Lock()
     rss: list[tuple[float, float]] = []
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).close()
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    sys.exit(f"soak: the server did not start: {Path(log.name).read_text()}")
-                time.sleep(0.2)
+    with ServeProcess(model, "--api-key-file", keys.name, "--access-log", "off") as server:
+        port = server.port
         for g in goods[:5]:
             post(port, json.dumps(g).encode(), KEY)  # warm-up
         began = time.monotonic()
         end = began + minutes * 60
-        rss.append((0.0, rss_mb(server.pid)))
+        rss.append((0.0, rss_mb(server.proc.pid)))
 
         def client(seed: int) -> None:
             local = random.Random(seed)
@@ -167,23 +148,20 @@ def soak(model: str, minutes: float) -> dict:
             t.start()
         while any(t.is_alive() for t in threads):
             time.sleep(1.0)
-            rss.append((time.monotonic() - began, rss_mb(server.pid)))
+            rss.append((time.monotonic() - began, rss_mb(server.proc.pid)))
         for t in threads:
             t.join()
-        rss.append((time.monotonic() - began, rss_mb(server.pid)))
-    finally:
-        server.terminate()
-        server.wait(60)
-    server_log = Path(log.name).read_text()
+        rss.append((time.monotonic() - began, rss_mb(server.proc.pid)))
+    server_log = server.log()
     after_first_minute = next((mb for t, mb in rss if t >= 60), rss[-1][1])
     q = statistics.quantiles(latencies, n=100) if len(latencies) >= 2 else [0.0] * 99
     record = {"minutes": minutes, "counts": dict(counts), "wrong": wrong[:20], "wrong_count": len(wrong),
               "five_hundreds": sum(v for k, v in counts.items() if k.endswith(" 500")),
               "p50_ms": 1000 * q[49], "p95_ms": 1000 * q[94], "p99_ms": 1000 * q[98],
               "rss_start_mb": rss[0][1], "rss_after_first_minute_mb": after_first_minute,
-              "rss_peak_mb": max(mb for _, mb in rss), "rss_end_mb": rss[-1][1], "exit_code": server.returncode,
+              "rss_peak_mb": max(mb for _, mb in rss), "rss_end_mb": rss[-1][1], "exit_code": server.proc.returncode,
               "server_tracebacks": server_log.count("Traceback"),
-              "rss_each_minute_mb": [round(mb) for t, mb in rss if int(t) % 60 == 0 or t == rss[-1][0]][::1]}
+              "rss_each_minute_mb": [round(mb) for t, mb in rss if int(t) % 60 == 0 or t == rss[-1][0]]}
     record["rss_end_vs_first_minute"] = record["rss_end_mb"] / after_first_minute - 1
     rows = [[k, v] for k, v in sorted(counts.items())]
     rows += [["good answers that differ from nmt translate, bad ones without their 4xx", len(wrong)],
@@ -193,7 +171,7 @@ def soak(model: str, minutes: float) -> dict:
              ["server RSS MB: start / after 1 min / peak / end",
               f"{record['rss_start_mb']:.0f} / {after_first_minute:.0f} / {record['rss_peak_mb']:.0f} / "
               f"{record['rss_end_mb']:.0f} ({100 * record['rss_end_vs_first_minute']:+.1f}% vs after 1 min)"],
-             ["server exit code after SIGTERM", server.returncode],
+             ["server exit code after SIGTERM", server.proc.returncode],
              ["tracebacks in the server's log", record["server_tracebacks"]]]
     print_table(f"serve soak: {minutes:g} minutes, {CLIENTS} clients, {Path(model).name} ({machine()})",
                 ["what", "count / figure"], rows)

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from .errors import NmtError
-from .textio import alive, host_name
+from .textio import alive, host_name, read_small_file
 
 
 @dataclass
@@ -194,7 +194,7 @@ class SaveDirLock:
             try:
                 fd = os.open(self.exclusive, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
-                holder = _read(self.exclusive)
+                holder = read_small_file(self.exclusive) or ""
                 pid, _, host = holder.partition("@")
                 if host == host_name() and pid.isdigit() and not alive(int(pid)):
                     print(f"nmt train: {self.exclusive}: removed a stale lock of pid {pid} (gone)", file=sys.stderr)
@@ -216,10 +216,3 @@ class SaveDirLock:
             fcntl.flock(self.file, fcntl.LOCK_UN)
         if self.file:
             self.file.close()
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8").strip()
-    except OSError:
-        return ""

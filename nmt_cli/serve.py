@@ -19,6 +19,7 @@ import math
 import signal
 import socket
 import sys
+import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -555,15 +556,10 @@ def serve(translator: TextTranslator, host: str, port: int, limits: ServeLimits,
         on_ready()
     # uvicorn re-raises the signal that stopped it once it has shut down gracefully: handled (ignored) here, it
     # ends the process normally (exit 0) instead of killing it.
-    previous = signal.signal(signal.SIGTERM, lambda *_: None) if _main_thread() else None
+    main_thread = threading.current_thread() is threading.main_thread()  # signals are set there only
+    previous = signal.signal(signal.SIGTERM, lambda *_: None) if main_thread else None
     try:
         server.run()
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-
-
-def _main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()

@@ -49,6 +49,15 @@ def read_lines(path: str | Path) -> list[str]:
     return list(iter_lines(path))
 
 
+def read_small_file(path: str | Path) -> str | None:
+    """A small text file's contents without surrounding whitespace (a marker, a lock holder), or None when it
+    cannot be read."""
+    try:
+        return Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 def file_sha256(path: str | Path) -> str:
     """Hex SHA-256 of a file's bytes as stored."""
     digest = hashlib.sha256()

@@ -37,7 +37,7 @@ from .runstate import (
     set_rng_state,
     tensorboard_writer,
 )
-from .textio import atomic_path, remove_temporaries
+from .textio import atomic_path, read_small_file, remove_temporaries
 from .train_options import TrainOptions  # noqa: F401  (re-exported: callers import it from nmt_cli.train)
 from .update import (  # noqa: F401  (re-exported: nmt_cli.train is where callers look for the update)
     TranslationLoss,
@@ -284,7 +284,7 @@ class Trainer:
                 tmp.write_text(token, encoding="utf-8")
         token = D.broadcast_object(token, ctx)  # sent once the marker is written
         deadline = time.monotonic() + SHARED_DIR_WAIT
-        while not (seen := _reads(marker) == token) and time.monotonic() < deadline:
+        while not (seen := read_small_file(marker) == token) and time.monotonic() < deadline:
             time.sleep(0.5)  # a network filesystem may show another node's new file a few seconds late
         point = (resume["updates"], resume.get("sha256")) if resume is not None else None
         views = D.gather_objects((socket.gethostname(), seen, point), ctx)
@@ -608,13 +608,6 @@ BUFFER_SYNC_FLAG = ("forward_sync_buffers" if "forward_sync_buffers" in
                     inspect.signature(DistributedDataParallel.__init__).parameters else "broadcast_buffers")
 # Seconds a process waits to see rank 0's marker in the save dir before it judges the folder not shared.
 SHARED_DIR_WAIT = 10.0
-
-
-def _reads(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8")
-    except OSError:
-        return None
 
 
 def _clock(seconds: float) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +21,9 @@ from typer.testing import CliRunner
 from nmt_cli.cli import app
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from synthetic import write_word_mapping_task as write_task  # noqa: E402  (the toy task; also `make gpu-check`'s)
+
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
@@ -70,19 +73,6 @@ def expect_error(result, *fragments: str) -> None:
     assert "Traceback" not in result.output
     for fragment in fragments:
         assert fragment in message, message
-
-
-def write_task(prefix: Path, n: int, seed: int) -> None:
-    """A toy translation task: each source word w<i> maps to target word v<i>, order kept."""
-    rng = random.Random(seed)
-    src, tgt = [], []
-    for _ in range(n):
-        words = [rng.randrange(24) for _ in range(rng.randint(2, 7))]
-        src.append(" ".join(f"w{i}" for i in words).capitalize() + ".")
-        tgt.append(" ".join(f"v{i}" for i in words).capitalize() + ".")
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{prefix}.en").write_text("\n".join(src) + "\n", encoding="utf-8")
-    Path(f"{prefix}.de").write_text("\n".join(tgt) + "\n", encoding="utf-8")
 
 
 @pytest.fixture(scope="session")
