@@ -157,7 +157,7 @@ def numbered_checkpoints(save_dir: str | Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-SELF_CONTAINED_KEYS = ("config", "vocab", "bpe_codes", "source_lang", "target_lang", "tokenizer")
+SELF_CONTAINED_KEYS = ("config", "vocab", "bpe_codes", "sentencepiece", "source_lang", "target_lang", "tokenizer")
 
 
 def average_checkpoints(paths: Sequence[str | Path]) -> dict:

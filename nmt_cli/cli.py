@@ -143,32 +143,48 @@ def handle_errors(fn):
 @app.command("prepare")
 @handle_errors
 def prepare_cmd(
-    source_lang: Annotated[str, typer.Option("--source-lang", "-s", help="Source language code (file suffix).")],
-    target_lang: Annotated[str, typer.Option("--target-lang", "-t", help="Target language code (file suffix).")],
     train: Annotated[str, typer.Option(help="Training PREFIX: PREFIX.SRC and PREFIX.TGT, plain or .gz.")],
     valid: Annotated[str, typer.Option(help="Validation PREFIX.")],
     out: Annotated[Path, typer.Option(help="Output data directory.")],
+    source_lang: Annotated[Optional[str], typer.Option(
+        "--source-lang", "-s", help="Source language code (file suffix); with --from-model, the model's.")] = None,
+    target_lang: Annotated[Optional[str], typer.Option(
+        "--target-lang", "-t", help="Target language code (file suffix); with --from-model, the model's.")] = None,
     test: Annotated[Optional[list[str]], typer.Option(help="Test PREFIX (repeatable).")] = None,
-    bpe_merges: Annotated[int, typer.Option(help="Joint BPE merge operations.")] = 10000,
+    tokenizer: Annotated[Optional[str], typer.Option(
+        help="moses: Moses tokenization + joint BPE (the paper's; default); sentencepiece: SentencePiece on raw "
+             "text (languages written without spaces, such as Chinese).")] = None,
+    bpe_merges: Annotated[int, typer.Option(help="Joint BPE merge operations (moses).")] = 10000,
+    vocab_size: Annotated[int, typer.Option(help="Shared vocabulary size (sentencepiece).")] = 8000,
+    spm_type: Annotated[str, typer.Option(help="SentencePiece model: unigram or bpe.")] = "unigram",
+    spm_sample: Annotated[int, typer.Option(
+        help="SentencePiece learns from at most this many lines (both sides), drawn at random.")] = 1_000_000,
     workers: Annotated[int, typer.Option(help="Worker processes (0: one per core).")] = 0,
     max_len: Annotated[int, typer.Option(help="Drop training pairs with a side longer than this (BPE pieces).")] = 250,
-    max_ratio: Annotated[float, typer.Option(help="Drop training pairs whose length ratio exceeds this.")] = 1.5,
+    max_ratio: Annotated[Optional[float], typer.Option(
+        help="Drop training pairs whose length ratio (in pieces) exceeds this [default: 1.5; off between a CJK "
+             "language and one that is not]", show_default=False)] = None,
     vocab_threshold: Annotated[int, typer.Option(help="Keep BPE pieces seen at least this often.")] = 1,
     force: Annotated[bool, typer.Option(help="Replace a data dir nmt made at --out (nothing else).")] = False,
     normalize_punctuation: Annotated[bool, typer.Option(
         help="Normalize punctuation (Moses) and remove non-printing characters before tokenizing, as fairseq's "
              "WMT14 script does; stored with the model, so translate does the same.")] = False,
     from_model: Annotated[Optional[Path], typer.Option(
-        help="Fine-tuning data: segment and binarize with this model's normalization, BPE codes and vocabulary "
-             "(no BPE learning) for nmt train --init-from.")] = None,
+        help="Fine-tuning data: segment and binarize with this model's languages, normalization, tokenizer (BPE "
+             "codes or SentencePiece model) and vocabulary, for nmt train --init-from.")] = None,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
 ) -> None:
-    """Moses-tokenize, learn and apply joint BPE, build a shared vocabulary and binarize: raw text in, data dir out."""
+    """Moses-tokenize and learn joint BPE (or learn SentencePiece), apply it, build a shared vocabulary and
+    binarize: raw text in, data dir out."""
     from .prepare import PrepareOptions, prepare
 
-    meta = prepare(PrepareOptions(source_lang, target_lang, train, valid, out, test or [], bpe_merges,
+    if from_model is None and (not source_lang or not target_lang):
+        raise NmtError("--source-lang/-s and --target-lang/-t are required (unless --from-model gives them)")
+    meta = prepare(PrepareOptions(source_lang or "", target_lang or "", train, valid, out, test or [], bpe_merges,
                                   workers if workers != 0 else (os.cpu_count() or 1), max_len, max_ratio,
-                                  vocab_threshold, force, quiet, normalize_punctuation, from_model))
+                                  vocab_threshold, force, quiet, normalize_punctuation, from_model,
+                                  tokenizer or "moses", vocab_size, spm_type, spm_sample,
+                                  tokenizer_given=tokenizer is not None))
     if not quiet:
         dropped = meta["splits"]["train"]["filtered"]["dropped"]
         too_long = {k: v["dropped_too_long"] for k, v in meta["splits"].items() if v.get("dropped_too_long")}
@@ -688,10 +704,18 @@ def score_cmd(
     metrics: Annotated[str, typer.Option(help="Comma-separated: bleu,chrf,ter.")] = "bleu,chrf,ter",
     tokenized_bleu: Annotated[Optional[str], typer.Option(
         help="Also report the paper-era tokenized, compound-split BLEU (give the target language, e.g. de).")] = None,
+    lang: Annotated[Optional[str], typer.Option(
+        "--lang", "-l", help="Target language: chooses BLEU's tokenizer (zh: zh, ja: ja-mecab, ko: ko-mecab, else "
+                             "13a) and TER's Asian support.")] = None,
+    model: Annotated[Optional[Path], typer.Option(
+        "--model", "-m", help="Take the target language from this checkpoint, exported folder or data dir.")] = None,
+    tokenize: Annotated[Optional[str], typer.Option(
+        help="BLEU's tokenizer: 13a, intl, zh, char, ja-mecab, ko-mecab or none [default: by the target "
+             "language]", show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Score detokenized hypotheses against references with sacreBLEU (scores and signatures)."""
-    from .score import score
+    from .score import score, target_language_of
     from .textio import read_lines
 
     if hyp is not None:
@@ -709,7 +733,12 @@ def score_cmd(
     for r, lines in zip(ref, refs):
         if len(lines) != len(hyps):
             raise NmtError(f"{hyp or '<stdin>'} has {len(hyps)} lines but {r} has {len(lines)}")
-    results = score(hyps, refs, [m.strip() for m in metrics.split(",") if m.strip()], tokenized_bleu)
+    if model is not None:
+        recorded = target_language_of(model)
+        if lang is not None and lang != recorded:
+            raise NmtError(f"--lang {lang}, but {model} translates into {recorded}")
+        lang = recorded
+    results = score(hyps, refs, [m.strip() for m in metrics.split(",") if m.strip()], tokenized_bleu, tokenize, lang)
     if as_json:
         print(json.dumps(results, indent=2))
         return

@@ -1,7 +1,7 @@
 """CTranslate2: export an nmt checkpoint to a self-contained model folder, and translate with it.
 
-The folder holds CTranslate2's `model.bin` and vocabulary, and `nmt.json`, `vocab.txt` and `bpe.codes` for
-exactly nmt's pre- and post-processing. Translating with it imports neither torch nor the model code.
+The folder holds CTranslate2's `model.bin` and vocabulary, and `nmt.json`, `vocab.txt` and `bpe.codes` (or
+`spm.model`) for exactly nmt's pre- and post-processing. Translating with it imports neither torch nor the model code.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 from .errors import NmtError
 from .pipeline import Hyp, TextTranslator, default_workers
+from .segment import segmenter_from, segmenter_of
 from .textio import publish_directory, staging_directory
 from .vocab import Vocabulary
 
@@ -111,6 +112,7 @@ def export_ctranslate2(checkpoint: str | Path, out: str | Path, quantization: st
     if out.exists() and not force:
         raise NmtError(f"{out}: already exists (use --force to replace it)")
     state = require_keys(load_checkpoint(checkpoint), checkpoint)
+    segmenter_of(state, checkpoint)  # a tokenizer it cannot rebuild is refused before anything is written
     spec = build_spec(state)
 
     class _Spec(Converter):
@@ -126,7 +128,10 @@ def export_ctranslate2(checkpoint: str | Path, out: str | Path, quantization: st
                 "ctranslate2_version": ctranslate2.__version__}
         (model_dir / "nmt.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         (model_dir / "vocab.txt").write_text("".join(s + "\n" for s in state["vocab"]), encoding="utf-8")
-        (model_dir / "bpe.codes").write_text(state["bpe_codes"], encoding="utf-8")
+        if state.get("sentencepiece"):
+            (model_dir / "spm.model").write_bytes(state["sentencepiece"])
+        else:
+            (model_dir / "bpe.codes").write_text(state["bpe_codes"], encoding="utf-8")
         publish_directory(model_dir, out)
     return out
 
@@ -148,10 +153,9 @@ class CTranslate2Translator(TextTranslator):
 
     per_sentence_limits = True
 
-    def __init__(self, translator: Any, vocab: Vocabulary, bpe_codes: str, meta: dict, workers: int = 1) -> None:
-        normalize = bool((meta.get("tokenizer") or {}).get("normalize_punctuation", False))
-        super().__init__(vocab, bpe_codes, meta["source_lang"], meta["target_lang"], int(meta["max_positions"]),
-                         normalize, workers)
+    def __init__(self, translator: Any, vocab: Vocabulary, segmenter: Any, meta: dict, workers: int = 1) -> None:
+        super().__init__(vocab, segmenter, meta["source_lang"], meta["target_lang"], int(meta["max_positions"]),
+                         workers)
         self.translator = translator
         self.pieces = ct2_tokens(vocab)
 
@@ -164,7 +168,11 @@ class CTranslate2Translator(TextTranslator):
         try:
             meta = json.loads((path / "nmt.json").read_text(encoding="utf-8"))
             symbols = (path / "vocab.txt").read_text(encoding="utf-8").splitlines()
-            codes = (path / "bpe.codes").read_text(encoding="utf-8")
+            tokenizer = meta.get("tokenizer") or {}
+            if tokenizer.get("name") == "sentencepiece":
+                segmenter = segmenter_from(tokenizer, "", (path / "spm.model").read_bytes())
+            else:
+                segmenter = segmenter_from(tokenizer, (path / "bpe.codes").read_text(encoding="utf-8"), None)
         except FileNotFoundError as e:
             raise NmtError(f"{e.filename}: missing; {path} is not a folder written by `nmt export`") from None
         except (ValueError, UnicodeDecodeError) as e:
@@ -184,7 +192,7 @@ class CTranslate2Translator(TextTranslator):
         # Each of CTranslate2's `inter_threads` workers runs one batch at a time, on `intra_threads` threads.
         translator = ctranslate2.Translator(str(path), device=device, compute_type="default", inter_threads=workers,
                                             intra_threads=max(1, threads // workers))
-        return cls(translator, Vocabulary(symbols), codes, meta, workers)
+        return cls(translator, Vocabulary(symbols), segmenter, meta, workers)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | None = None, threads: int = 0,

@@ -94,12 +94,14 @@ def not_a_data_dir(path: Path) -> str:
 
 @dataclass
 class DataDir:
-    """A directory made by `nmt prepare`: meta.json, vocabulary, BPE codes and binarized splits."""
+    """A directory made by `nmt prepare`: meta.json, vocabulary, BPE codes or SentencePiece model, and binarized
+    splits."""
 
     path: Path
     meta: dict
     vocab: Vocabulary
     bpe_codes: str
+    sentencepiece: bytes | None = None  # the SentencePiece model, for data prepared with --tokenizer sentencepiece
 
     @classmethod
     def open(cls, path: str | Path) -> DataDir:
@@ -122,7 +124,17 @@ class DataDir:
         vocab = Vocabulary.load(path / "vocab.txt")
         codes_path = path / "bpe.codes"
         codes = codes_path.read_text(encoding="utf-8") if codes_path.exists() else ""
-        return cls(path, meta, vocab, codes)
+        spm_path = path / "spm.model"
+        sentencepiece = spm_path.read_bytes() if spm_path.exists() else None
+        if (meta.get("tokenizer") or {}).get("name") == "sentencepiece" and sentencepiece is None:
+            raise NmtError(f"{path}: meta.json says SentencePiece, but spm.model is missing (re-run nmt prepare)")
+        return cls(path, meta, vocab, codes, sentencepiece)
+
+    def segmenter(self):
+        """The tokenizer that made this data (raw text <-> pieces)."""
+        from .segment import segmenter_from
+
+        return segmenter_from(self.meta.get("tokenizer"), self.bpe_codes, self.sentencepiece)
 
     @property
     def source_lang(self) -> str:

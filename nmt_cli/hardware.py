@@ -70,3 +70,14 @@ def check_torch_version(version: str | None = None) -> None:
     if release < MIN_TORCH:
         wanted = ".".join(map(str, MIN_TORCH))
         raise NmtError(f"nmt needs torch {wanted} or newer, found {version}: pip install 'torch>={wanted}'")
+
+
+def release_free_heap() -> bool:
+    """Hand the memory glibc's heap keeps after frees back to the kernel (malloc_trim); False where there is no
+    glibc."""
+    try:
+        import ctypes
+
+        return bool(ctypes.CDLL(None).malloc_trim(0))
+    except (OSError, AttributeError):
+        return False

@@ -1,5 +1,5 @@
-"""What every translation engine shares: raw text -> Moses tokens -> BPE -> ids, batching, the option rules,
-and ids -> detokenized text. Imports no torch, so an exported CTranslate2 model starts fast."""
+"""What every translation engine shares: raw text -> pieces (Moses + BPE, or SentencePiece) -> ids, batching,
+the option rules, and ids -> raw text. Imports no torch, so an exported CTranslate2 model starts fast."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from . import text
 from .errors import NmtError
+from .segment import Segmenter
 from .vocab import Vocabulary
 
 # One hypothesis of the search: output ids (no </s>) and its score.
@@ -19,15 +19,14 @@ Hyp = tuple[list[int], float]
 class TextTranslator:
     """Pre- and post-processing around a search engine; subclasses implement `search`."""
 
-    def __init__(self, vocab: Vocabulary, bpe_codes: str, source_lang: str, target_lang: str, max_positions: int,
-                 normalize: bool = False, workers: int = 1) -> None:
+    def __init__(self, vocab: Vocabulary, segmenter: Segmenter, source_lang: str, target_lang: str,
+                 max_positions: int, workers: int = 1) -> None:
         if workers < 1:
             raise NmtError(f"--workers must be at least 1 (got {workers})")
         self.vocab, self.source_lang, self.target_lang = vocab, source_lang, target_lang
         self.workers = workers  # batches searched at once, each on its own thread and share of the cores
-        self.bpe = text.BpeApplier(bpe_codes)
+        self.segmenter = segmenter  # as at prepare time
         self.max_positions = max_positions
-        self.normalize = normalize  # Moses punctuation normalization before tokenizing, as at prepare time
         # Lines translated truncated: the caller reads (and clears) them after each call, so they never pile up.
         self.warnings: list[str] = []
         self.truncated: list[tuple[int, int]] = []  # (line, source tokens) of the same lines
@@ -46,9 +45,7 @@ class TextTranslator:
             if not sentence.strip():
                 out.append([])
                 continue
-            if self.normalize:
-                sentence = text.normalize_punctuation(sentence, self.source_lang)
-            ids = self.vocab.encode(self.bpe(text.tokenize(sentence, self.source_lang)))
+            ids = self.vocab.encode(self.segmenter.segment(sentence, self.source_lang))
             if len(ids) > limit:
                 self.warnings.append(f"line {n}: {len(ids)} tokens exceed the model's {limit}; translated truncated")
                 self.truncated.append((n, len(ids)))
@@ -57,8 +54,8 @@ class TextTranslator:
         return out
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Detokenized text of output ids."""
-        return text.detokenize(text.remove_bpe(self.vocab.decode(ids)), self.target_lang)
+        """Raw (detokenized) text of output ids."""
+        return self.segmenter.desegment(self.vocab.decode(ids), self.target_lang)
 
     def max_output_tokens(self, source_len: int, max_len_a: float, max_len_b: int) -> int:
         """The most output tokens before </s> for a source of `source_len` tokens (no </s>): a * len + b, within

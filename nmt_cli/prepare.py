@@ -1,10 +1,12 @@
-"""`nmt prepare`: raw parallel text -> normalized, tokenized, BPE-segmented, binarized data directory.
+"""`nmt prepare`: raw parallel text -> normalized, tokenized, segmented (BPE or SentencePiece), binarized data
+directory.
 
 Everything streams: each stage reads its input in fixed chunks of lines, runs them on worker processes in
 order, and writes its output to files in the staging directory, so memory does not grow with the corpus
 (the largest things held are the word counts for BPE learning and each worker's segmentation cache).
 Stages: normalize + tokenize (counting training words) -> learn BPE -> apply BPE (filtering training pairs,
-counting pieces) -> vocabulary -> binarize.
+counting pieces) -> vocabulary -> binarize. With SentencePiece: (normalize) -> learn SentencePiece on the raw
+training text of both sides -> apply it (filtering) -> its own vocabulary -> binarize.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import platform
 import resource
 import shutil
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -28,12 +31,17 @@ from . import text
 from .bpe import learn_bpe_codes
 from .data import BinarizedWriter, token_dtype
 from .errors import NmtError
+from .segment import CHARACTER_COVERAGE, SPM_TYPES, TOKENIZERS, SentencePiece, has_han, is_cjk, train_sentencepiece
 from .textio import file_sha256, iter_lines, publish_directory, staging_directory
 from .vocab import Vocabulary
 from .workers import ordered_map
 
 CHUNK = 2000  # lines per work unit; fixed so that output never depends on the worker count
 MAX_POSITIONS = 1024  # the model's positions (ModelConfig.max_positions): a sentence plus </s> must fit
+MAX_RATIO = 1.5  # Moses clean-corpus-n's length ratio, for pairs written in the same kind of script
+# A filter that drops more than this share of the training pairs says so on stderr, not only in its summary.
+LOUD_DROP_SHARE = 0.05
+CHINESE = ("zh", "cmn", "yue", "wuu")
 
 
 @dataclass
@@ -49,12 +57,24 @@ class PrepareOptions:
     bpe_merges: int = 10000
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
     max_len: int = 250
-    max_ratio: float = 1.5
+    max_ratio: float | None = None  # None: 1.5, or off between a CJK language and one that is not
     vocab_threshold: int = 1
     force: bool = False
     quiet: bool = False
     normalize: bool = False  # Moses punctuation normalization + removal of non-printing characters
     from_model: Path | None = None  # segment with this model's normalization, BPE codes and vocabulary
+    tokenizer: str = "moses"  # or "sentencepiece"
+    vocab_size: int = 8000  # SentencePiece only (see docs/design.md for why 8,000)
+    spm_type: str = "unigram"
+    spm_sample: int = 1_000_000  # SentencePiece learns from at most this many lines, drawn at random
+    tokenizer_given: bool = False  # --tokenizer was on the command line (checked against --from-model's)
+
+    def ratio_limit(self) -> float | None:
+        """The length-ratio filter in effect: --max-ratio, or by default 1.5, except between a CJK language and
+        one that is not, where piece counts of the two sides are not comparable (off)."""
+        if self.max_ratio is not None:
+            return self.max_ratio
+        return None if is_cjk(self.source_lang) != is_cjk(self.target_lang) else MAX_RATIO
 
 
 def resolve_side(prefix: str, lang: str) -> Path:
@@ -84,8 +104,10 @@ def pair_chunks(src_path: Path, tgt_path: Path, size: int = CHUNK) -> Iterator[t
         yield src, tgt
 
 
-def filter_pairs(src: list[str], tgt: list[str], max_len: int, max_ratio: float) -> tuple[list[int], dict[str, int]]:
-    """Indices of training pairs kept (like Moses clean-corpus-n, on BPE pieces), and drop counts by reason."""
+def filter_pairs(src: list[str], tgt: list[str], max_len: int,
+                 max_ratio: float | None) -> tuple[list[int], dict[str, int]]:
+    """Indices of training pairs kept (like Moses clean-corpus-n, on pieces; no ratio test when `max_ratio` is
+    None), and drop counts by reason."""
     kept: list[int] = []
     dropped = {"empty": 0, "too_long": 0, "ratio": 0}
     for i, (s, t) in enumerate(zip(src, tgt)):
@@ -94,7 +116,7 @@ def filter_pairs(src: list[str], tgt: list[str], max_len: int, max_ratio: float)
             dropped["empty"] += 1
         elif ls > max_len or lt > max_len:
             dropped["too_long"] += 1
-        elif ls > max_ratio * lt or lt > max_ratio * ls:
+        elif max_ratio is not None and (ls > max_ratio * lt or lt > max_ratio * ls):
             dropped["ratio"] += 1
         else:
             kept.append(i)
@@ -108,7 +130,10 @@ _worker: dict = {}
 def _init_worker(state: dict) -> None:
     _worker.clear()
     _worker.update(state)
-    if state.get("codes") is not None:
+    if state.get("sentencepiece") is not None:
+        segmenter = SentencePiece(state["sentencepiece"])
+        _worker["bpe"] = lambda line: segmenter._segment(line, "") if line.strip() else ""
+    elif state.get("codes") is not None:
         _worker["bpe"] = text.BpeApplier(state["codes"])
     if state.get("symbols") is not None:
         _worker["vocab"] = Vocabulary(state["symbols"])
@@ -117,16 +142,25 @@ def _init_worker(state: dict) -> None:
 def _preprocess(line: str, lang: str) -> str:
     if _worker["normalize"]:
         line = text.normalize_punctuation(line, lang)
+    if _worker.get("tokenizer") == "sentencepiece":  # SentencePiece reads raw text
+        return line if line.strip() else ""
     return text.tokenize(line, lang) if line.strip() else ""
 
 
-def _tokenize_job(job: tuple[list[str], list[str], bool]) -> tuple[list[str], list[str], Counter | None]:
-    """Normalize and tokenize a chunk of pairs; count its words when it is training data."""
+def _tokenize_job(job: tuple[list[str], list[str], bool]) -> tuple[list[str], list[str], Counter | None, list[int]]:
+    """Normalize and tokenize a chunk of pairs; count its words when it is training data, and on a Chinese side
+    the lines that hold Chinese characters."""
     src, tgt, count = job
     src_tok = [_preprocess(line, _worker["src_lang"]) for line in src]
     tgt_tok = [_preprocess(line, _worker["tgt_lang"]) for line in tgt]
     counts = Counter(w for lines in (src_tok, tgt_tok) for line in lines for w in line.split()) if count else None
-    return src_tok, tgt_tok, counts
+    han = [sum(map(has_han, lines)) if _is_chinese(lang) else 0
+           for lines, lang in ((src, _worker["src_lang"]), (tgt, _worker["tgt_lang"]))]
+    return src_tok, tgt_tok, counts, han
+
+
+def _is_chinese(lang: str) -> bool:
+    return lang.lower().replace("_", "-").split("-")[0] in CHINESE
 
 
 def _segment_job(job: tuple[list[str], list[str], bool]) -> tuple[list[str], list[str], dict | None, Counter | None]:
@@ -211,7 +245,7 @@ class _Writer:
 def package_versions() -> dict[str, str]:
     """Versions of the packages that shape the output."""
     versions = {"python": platform.python_version()}
-    for name in ("nmt-cli", "sacremoses", "subword-nmt", "numpy", "torch"):
+    for name in ("nmt-cli", "sacremoses", "subword-nmt", "sentencepiece", "numpy", "torch"):
         try:
             versions[name] = version(name)
         except PackageNotFoundError:
@@ -224,8 +258,17 @@ def _check_options(opts: PrepareOptions) -> Path:
         raise NmtError(f"--bpe-merges must be at least 1 (got {opts.bpe_merges})")
     if not 1 <= opts.max_len <= MAX_POSITIONS - 1:
         raise NmtError(f"--max-len must be between 1 and {MAX_POSITIONS - 1} (got {opts.max_len})")
-    if not opts.max_ratio >= 1:
+    if opts.max_ratio is not None and not opts.max_ratio >= 1:
         raise NmtError(f"--max-ratio must be at least 1 (got {opts.max_ratio})")
+    if opts.tokenizer not in TOKENIZERS:
+        raise NmtError(f"unknown --tokenizer {opts.tokenizer!r} (choose from {', '.join(TOKENIZERS)})")
+    if opts.spm_type not in SPM_TYPES:
+        raise NmtError(f"unknown --spm-type {opts.spm_type!r} (choose from {', '.join(SPM_TYPES)})")
+    if opts.tokenizer == "sentencepiece" and opts.vocab_size < 264:
+        raise NmtError(f"--vocab-size must be at least 264 for SentencePiece: 256 byte pieces, 4 specials and a "
+                       f"few more (got {opts.vocab_size})")
+    if opts.spm_sample < 1:
+        raise NmtError(f"--spm-sample must be at least 1 (got {opts.spm_sample})")
     if opts.vocab_threshold < 1:
         raise NmtError(f"--vocab-threshold must be at least 1 (got {opts.vocab_threshold})")
     if opts.workers < 1:
@@ -256,58 +299,83 @@ def prepare(opts: PrepareOptions, on_stage: Callable[[dict], None] | None = None
     each stage's record (name, seconds, lines, peak RSS in MB) as it ends.
     """
     model = None
-    if opts.from_model is not None:  # the model's codes, vocabulary and normalization
-        codes, vocab, normalize = _model_preprocessing(opts)
-        opts, model = replace(opts, normalize=normalize), (codes, vocab)
+    if opts.from_model is not None:  # the model's languages, tokenizer, codes or SentencePiece model, vocabulary
+        opts, model = _model_preprocessing(opts)
     out = _check_options(opts)
     inputs = _split_inputs(opts)
-    tokenizer = _tokenizer_meta(opts.normalize)
+    sentencepiece = opts.tokenizer == "sentencepiece"
     with staging_directory(out) as staging:
         stages = _Stages(opts.quiet, on_stage, staging)
         with stages.progress:
             work = staging / ".work"
             work.mkdir()
-            tokenized, counts = _tokenize(inputs, work, staging, opts, stages, count=model is None)
-            if model is None:
+            learn_bpe = model is None and not sentencepiece
+            tokenized, counts = _tokenize(inputs, work, staging, opts, stages, count=learn_bpe)
+            codes, spm_model, vocab = model or (None, None, None)
+            if model is None and sentencepiece:
+                stages.begin("learn SentencePiece", None, unit="pieces")
+                spm_model = train_sentencepiece(tokenized["train"], opts.vocab_size, opts.spm_type, opts.spm_sample,
+                                                opts.workers)
+                vocab = Vocabulary(SentencePiece(spm_model).symbols())
+                stages.end(len(vocab))
+            elif model is None:
                 stages.begin("learn BPE", opts.bpe_merges, unit="merges")
                 codes = learn_bpe_codes(counts, opts.bpe_merges, on_merge=lambda _: stages.advance(1))
                 stages.end(len(codes.splitlines()) - 1)
-                vocab = None
-            else:
-                codes, vocab = model
             del counts
-            meta = _segment_and_binarize(tokenized, staging, codes, opts, stages, tokenizer, inputs, vocab=vocab)
+            meta = _segment_and_binarize(tokenized, staging, codes, opts, stages, _tokenizer_meta(opts, spm_model),
+                                         inputs, vocab=vocab, sentencepiece=spm_model)
         if model is not None:
             meta["from_model"] = {"path": str(opts.from_model), "sha256": file_sha256(opts.from_model)}
-            meta["bpe_merges"] = len(codes.splitlines()) - 1
+            meta["bpe_merges"] = len(codes.splitlines()) - 1 if codes is not None else None
         _finish(staging, out, meta)
     return meta
 
 
-def _tokenizer_meta(normalize: bool) -> dict:
+def _tokenizer_meta(opts: PrepareOptions, spm_model: bytes | None = None) -> dict:
     """How text was tokenized, as meta.json and checkpoints record it (translate repeats it)."""
-    return {"name": "moses", "escape": False, "aggressive_dash_splits": True, "normalize_punctuation": normalize}
+    if opts.tokenizer == "sentencepiece":
+        assert spm_model is not None
+        import hashlib
+
+        return {"name": "sentencepiece", "model_type": opts.spm_type, "vocab_size": opts.vocab_size,
+                "character_coverage": CHARACTER_COVERAGE, "byte_fallback": True, "sample": opts.spm_sample,
+                "normalize_punctuation": opts.normalize, "sha256": hashlib.sha256(spm_model).hexdigest()}
+    return {"name": "moses", "escape": False, "aggressive_dash_splits": True, "normalize_punctuation": opts.normalize}
 
 
-def _model_preprocessing(opts: PrepareOptions) -> tuple[str, Vocabulary, bool]:
-    """For --from-model: the model's BPE codes, vocabulary and normalization setting (a language that
-    contradicts -s/-t is an error)."""
+def _model_preprocessing(opts: PrepareOptions) -> tuple[PrepareOptions, tuple[str | None, bytes | None, Vocabulary]]:
+    """For --from-model: the options with the model's languages, tokenizer and normalization filled in, and its
+    (BPE codes or None, SentencePiece model or None, vocabulary). A language or tokenizer given on the command line
+    that contradicts the model is an error."""
     from .checkpoint import load_checkpoint, require_keys
 
     state = load_checkpoint(opts.from_model)
     require_keys(state, opts.from_model, ("vocab", "bpe_codes", "source_lang", "target_lang"))
-    if (state["source_lang"], state["target_lang"]) != (opts.source_lang, opts.target_lang):
+    given = (opts.source_lang or state["source_lang"], opts.target_lang or state["target_lang"])
+    if given != (state["source_lang"], state["target_lang"]):
         raise NmtError(f"{opts.from_model}: the model translates {state['source_lang']}->{state['target_lang']}, "
-                       f"not {opts.source_lang}->{opts.target_lang}")
-    normalize = bool((state.get("tokenizer") or {}).get("normalize_punctuation", False))
-    return state["bpe_codes"], Vocabulary(state["vocab"]), normalize
+                       f"not {given[0]}->{given[1]}")
+    tokenizer = state.get("tokenizer") or {}
+    name = tokenizer.get("name", "moses")
+    if opts.tokenizer_given and opts.tokenizer != name:
+        raise NmtError(f"{opts.from_model}: the model was trained with --tokenizer {name}, not {opts.tokenizer}")
+    opts = replace(opts, source_lang=state["source_lang"], target_lang=state["target_lang"], tokenizer=name,
+                   normalize=bool(tokenizer.get("normalize_punctuation", False)))
+    if name == "sentencepiece":
+        if not state.get("sentencepiece"):
+            raise NmtError(f"{opts.from_model}: checkpoint lacks sentencepiece (its tokenizer's model)")
+        opts = replace(opts, spm_type=tokenizer.get("model_type", opts.spm_type),
+                       vocab_size=tokenizer.get("vocab_size", opts.vocab_size))
+        return opts, (None, state["sentencepiece"], Vocabulary(state["vocab"]))
+    return opts, (state["bpe_codes"], None, Vocabulary(state["vocab"]))
 
 
 def binarize_segmented(opts: PrepareOptions, codes: str) -> dict:
     """`nmt binarize`: your own tokenized + BPE text -> data dir; valid/test raw text is derived from it."""
     out = _check_options(opts)
     inputs = _split_inputs(opts)
-    tokenizer = _tokenizer_meta(False)
+    tokenizer = _tokenizer_meta(replace(opts, tokenizer="moses", normalize=False))
     with staging_directory(out) as staging:
         stages = _Stages(opts.quiet, None, staging)
         with stages.progress:
@@ -327,10 +395,11 @@ def _tokenize(inputs: dict[str, tuple[Path, Path]], work: Path, staging: Path, o
     """Stage 1: normalize + tokenize every split into `work`, counting training words; valid/test raw text is
     copied into `staging` on the way."""
     src_lang, tgt_lang = opts.source_lang, opts.target_lang
-    state = {"src_lang": src_lang, "tgt_lang": tgt_lang, "normalize": opts.normalize}
+    state = {"src_lang": src_lang, "tgt_lang": tgt_lang, "normalize": opts.normalize, "tokenizer": opts.tokenizer}
     counts: Counter = Counter()
     tokenized = {}
-    stages.begin("normalize+tokenize" if opts.normalize else "tokenize", None)
+    first = "tokenize" if opts.tokenizer == "moses" else "read"  # SentencePiece reads raw text
+    stages.begin(f"normalize+{first}" if opts.normalize else first, None)
     done = 0
     for name, paths in inputs.items():
         is_train = name == "train"
@@ -346,13 +415,17 @@ def _tokenize(inputs: dict[str, tuple[Path, Path]], work: Path, staging: Path, o
                 yield src, tgt, is_train and count
 
         nonempty = [False, False]
-        for src_tok, tgt_tok, chunk_counts in ordered_map(_tokenize_job, jobs(), opts.workers, _init_worker, (state,)):
+        pairs_read, han = 0, [0, 0]
+        for src_tok, tgt_tok, chunk_counts, chunk_han in ordered_map(_tokenize_job, jobs(), opts.workers, _init_worker,
+                                                                     (state,)):
             raw = raw_chunks.pop(0)
             for writer, lines in zip(writers, (src_tok, tgt_tok, *(raw or ()))):
                 writer.write(lines)
             nonempty = [nonempty[0] or any(src_tok), nonempty[1] or any(tgt_tok)]
             if chunk_counts is not None:
                 counts.update(chunk_counts)
+            pairs_read += len(src_tok)
+            han = [han[0] + chunk_han[0], han[1] + chunk_han[1]]
             done += 2 * len(src_tok)
             stages.advance(2 * len(src_tok))
         for writer in writers:
@@ -360,33 +433,40 @@ def _tokenize(inputs: dict[str, tuple[Path, Path]], work: Path, staging: Path, o
         for side, path in enumerate(paths):
             if not nonempty[side]:
                 raise NmtError(f"empty corpus: {path} has no text")
+            lang = (src_lang, tgt_lang)[side]
+            if is_train and _is_chinese(lang) and han[side] < pairs_read / 2:
+                warn(f"{path}: only {han[side]:,} of {pairs_read:,} lines hold Chinese characters, for language {lang!r} "
+                     "(are -s/-t the right way round?)")
     stages.end(done)
     return tokenized, counts
 
 
 def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, codes: str | None,
                           opts: PrepareOptions, stages: _Stages, tokenizer: dict, originals: dict,
-                          stored_codes: str | None = None, vocab: Vocabulary | None = None) -> dict:
-    """Stages 3-5: apply BPE (or take the text as segmented when `codes` is None), filter training pairs,
-    build the vocabulary from the kept training pieces (unless `vocab` is given), binarize every split.
-    Returns meta.json's contents."""
+                          stored_codes: str | None = None, vocab: Vocabulary | None = None,
+                          sentencepiece: bytes | None = None) -> dict:
+    """Stages 3-5: apply BPE or the `sentencepiece` model (or take the text as segmented when both are None),
+    filter training pairs, build the vocabulary from the kept training pieces (unless `vocab` is given),
+    binarize every split. Returns meta.json's contents."""
     src_lang, tgt_lang = opts.source_lang, opts.target_lang
     work = staging / ".work"
     work.mkdir(exist_ok=True)
-    state = {"codes": codes, "max_len": opts.max_len, "max_ratio": opts.max_ratio, "src_lang": src_lang,
-             "tgt_lang": tgt_lang}
+    max_ratio = opts.ratio_limit()
+    state = {"codes": codes, "sentencepiece": sentencepiece, "max_len": opts.max_len, "max_ratio": max_ratio,
+             "src_lang": src_lang, "tgt_lang": tgt_lang}
     pieces: Counter = Counter()
     dropped = {"empty": 0, "too_long": 0, "ratio": 0}
     input_sentences = 0
     segmented, sentences = {}, {}
-    stages.begin("apply BPE" if codes is not None else "filter", None)
+    stages.begin("apply SentencePiece" if sentencepiece else "apply BPE" if codes is not None else "filter", None)
     done = 0
     for name, paths in inputs.items():
         is_train = name == "train"
         target = work if is_train else staging
         segmented[name] = (target / f"{name}.bpe.{src_lang}", target / f"{name}.bpe.{tgt_lang}")
         writers = [_Writer(p) for p in segmented[name]]
-        derive_raw = codes is None and not is_train  # nmt binarize: raw valid/test text comes from the BPE text
+        # nmt binarize: raw valid/test text comes from the BPE text
+        derive_raw = codes is None and sentencepiece is None and not is_train
         if derive_raw:
             writers += [_Writer(staging / f"{name}.raw.{lang}") for lang in (src_lang, tgt_lang)]
         jobs = ((s, t, is_train) for s, t in pair_chunks(*paths))
@@ -413,11 +493,20 @@ def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, c
     kept = sentences["train"]
     if kept == 0:
         raise NmtError(f"empty corpus: every training pair was filtered out ({dropped})")
+    reasons = {"too_long": f"over --max-len {opts.max_len}", "ratio": f"over --max-ratio {max_ratio}",
+               "empty": "with an empty side"}
+    for reason, n in dropped.items():
+        if n > LOUD_DROP_SHARE * input_sentences:
+            warn(f"{originals['train'][0]}: {n:,} of {input_sentences:,} training pairs "
+                 f"({100 * n / input_sentences:.0f}%) dropped {reasons[reason]}")
 
     stages.begin("vocabulary", None, unit="pieces")
     vocab = vocab or Vocabulary.from_counts(pieces, opts.vocab_threshold)
     vocab.save(staging / "vocab.txt")
-    (staging / "bpe.codes").write_text(codes if codes is not None else (stored_codes or ""), encoding="utf-8")
+    if sentencepiece is not None:
+        (staging / "spm.model").write_bytes(sentencepiece)
+    else:
+        (staging / "bpe.codes").write_text(codes if codes is not None else (stored_codes or ""), encoding="utf-8")
     stages.end(len(vocab))
     del pieces
 
@@ -449,12 +538,12 @@ def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, c
             split_meta[name]["dropped_too_long"] = too_long
     stages.end(done)
     split_meta["train"]["filtered"] = {"input_sentences": input_sentences, "kept": kept, "dropped": dropped,
-                                       "max_len": opts.max_len, "max_ratio": opts.max_ratio}
+                                       "max_len": opts.max_len, "max_ratio": max_ratio}
     return {
         "format": 1,
         "source_lang": src_lang,
         "target_lang": tgt_lang,
-        "bpe_merges": opts.bpe_merges if codes is not None else None,
+        "bpe_merges": opts.bpe_merges if codes is not None and sentencepiece is None else None,
         "tokenizer": tokenizer,
         "vocab_size": len(vocab),
         "vocab_threshold": opts.vocab_threshold,
@@ -465,3 +554,8 @@ def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, c
         "versions": package_versions(),
     }
 
+
+
+def warn(message: str) -> None:
+    """A warning the user must see, quiet or not: one line on stderr."""
+    print(f"nmt prepare: warning: {message}", file=sys.stderr, flush=True)

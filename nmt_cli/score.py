@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
+from pathlib import Path
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 
@@ -11,11 +13,34 @@ from .errors import NmtError
 
 METRICS = {"bleu": BLEU, "chrf": CHRF, "ter": TER}
 UNSPACED_LANGUAGES = ("zh", "ja", "ko", "th", "my", "km", "lo")  # written without spaces between words
+# sacreBLEU's BLEU tokenizers (spm and flores ones download a model, so they are left out).
+TOKENIZERS = ("13a", "intl", "zh", "char", "ja-mecab", "ko-mecab", "none")
+
+
+def base_language(lang: str) -> str:
+    """`zh` of zh, zh-TW, zh_Hant or cmn; the language part of a code otherwise."""
+    base = lang.lower().replace("_", "-").split("-")[0]
+    return "zh" if base in ("cmn", "yue", "wuu") else base
+
+
+def default_tokenize(lang: str | None) -> str:
+    """The BLEU tokenizer a target language's results are reported with: zh -> zh; ja -> ja-mecab and
+    ko -> ko-mecab where MeCab is installed (sacrebleu[ja] / sacrebleu[ko]), else char; otherwise 13a."""
+    base = base_language(lang or "")
+    if base == "zh":
+        return "zh"
+    if base in ("ja", "ko"):
+        module = {"ja": "MeCab", "ko": "mecab_ko"}[base]
+        return f"{base}-mecab" if importlib.util.find_spec(module) is not None else "char"
+    return "13a"
 
 
 def score(hyps: Sequence[str], refs: Sequence[Sequence[str]], metrics: Sequence[str] = ("bleu", "chrf", "ter"),
-          tokenized_bleu_lang: str | None = None) -> list[dict]:
+          tokenized_bleu_lang: str | None = None, tokenize: str | None = None, lang: str | None = None) -> list[dict]:
     """One record per metric: name, score, signature and sacreBLEU's full line.
+
+    BLEU tokenizes with `tokenize`, or by default as `lang` (the target language) wants (`default_tokenize`);
+    TER supports Asian scripts for an unspaced target language.
 
     With `tokenized_bleu_lang`, adds tensor2tensor's tokenized BLEU with compound splitting
     (Moses-tokenize both sides, split ``a-b`` compounds) as reported in the paper.
@@ -23,15 +48,23 @@ def score(hyps: Sequence[str], refs: Sequence[Sequence[str]], metrics: Sequence[
     for i, ref in enumerate(refs):
         if len(ref) != len(hyps):
             raise NmtError(f"hypotheses have {len(hyps)} lines but reference {i + 1} has {len(ref)}")
+    if tokenize is not None and tokenize not in TOKENIZERS:
+        raise NmtError(f"unknown --tokenize {tokenize!r} (choose from {', '.join(TOKENIZERS)})")
+    tokenize = tokenize or default_tokenize(lang)
+    unspaced = base_language(lang or "") in UNSPACED_LANGUAGES
     results = []
     for name in metrics:
         if name not in METRICS:
             raise NmtError(f"unknown metric {name!r} (choose from {', '.join(METRICS)})")
-        metric = METRICS[name]()
+        options = {"bleu": {"tokenize": tokenize}, "ter": {"asian_support": unspaced}}.get(name, {})
+        try:
+            metric = METRICS[name](**options)
+        except RuntimeError as e:  # ja-mecab / ko-mecab without their extra
+            raise NmtError(f"--tokenize {tokenize}: {' '.join(str(e).split())}") from None
         result = metric.corpus_score(list(hyps), [list(r) for r in refs])
         results.append({"metric": name, "score": round(result.score, 4), "signature": str(metric.get_signature()),
                         "text": str(result)})
-    if tokenized_bleu_lang in UNSPACED_LANGUAGES:
+    if tokenized_bleu_lang and base_language(tokenized_bleu_lang) in UNSPACED_LANGUAGES:
         raise NmtError(f"--tokenized-bleu {tokenized_bleu_lang}: Moses tokenization does not split Chinese, Japanese, "
                        "Korean or Thai text into words, so its BLEU would score whole clauses; use sacreBLEU's BLEU "
                        "(--metrics bleu)")
@@ -45,3 +78,21 @@ def score(hyps: Sequence[str], refs: Sequence[Sequence[str]], metrics: Sequence[
                         "signature": "moses-tok+compound-split|" + str(metric.get_signature()),
                         "text": str(result)})
     return results
+
+
+def target_language_of(path: str | Path) -> str:
+    """The target language recorded in a checkpoint, an exported folder (nmt.json) or a data dir (meta.json)."""
+    import json
+
+    path = Path(path)
+    for name in ("nmt.json", "meta.json"):
+        if path.is_dir() and (path / name).is_file():
+            try:
+                return str(json.loads((path / name).read_text(encoding="utf-8"))["target_lang"])
+            except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+                raise NmtError(f"{path / name}: no target_lang (not written by nmt?)") from None
+    if path.is_dir():
+        raise NmtError(f"{path}: neither a checkpoint, an exported folder nor a data dir")
+    from .checkpoint import load_checkpoint, require_keys
+
+    return str(require_keys(load_checkpoint(path), path, ("target_lang",))["target_lang"])

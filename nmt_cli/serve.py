@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import NmtError
+from .hardware import release_free_heap
 from .pipeline import TextTranslator
 
 INSTALL_HINT = "nmt serve needs FastAPI and uvicorn; install them with: pip install 'nmt-cli[serve]'"
@@ -45,6 +46,10 @@ class ServeLimits:
     max_body_bytes: int | None = None  # per request body; None: sized from max_sentences x max_chars
     max_work: int = 64 * 4 * 1024  # decoder tokens per request: the defaults' largest request at any length
     cache_mb: float = 256.0  # decoder cache kept between requests, at most
+    # Freed memory glibc keeps is handed back to the kernel when the queue empties (at most once a second) and at
+    # least every `trim_seconds` under constant load (0: never): without it the process grew by a gigabyte in a
+    # soak, mostly freed decoder tensors (docs/benchmarks.md, "Serving soak").
+    trim_seconds: float = 5.0
     shutdown_seconds: float = 30.0  # after SIGTERM, how long queued work may take before the server exits
 
     def body_limit(self) -> int:
@@ -96,6 +101,7 @@ class Batcher:
         self.expected = 0
         self._wakeup = asyncio.Event()
         self._executor = executor or translator_thread()
+        self._trimmed = time.monotonic()
 
     def submit(self, sentences: list[str], options: tuple) -> _Job:
         """Queue a request's sentences; QueueFull when the queue would pass its bound."""
@@ -191,6 +197,10 @@ class Batcher:
             self.translator.warnings.clear()
             self.translator.truncated.clear()
             self.translate_seconds += time.perf_counter() - start
+            since = time.monotonic() - self._trimmed
+            if self.limits.trim_seconds and (since > self.limits.trim_seconds or (since > 1 and not self.queue)):
+                release_free_heap()
+                self._trimmed = time.monotonic()
             if self.metrics is not None:
                 self.metrics.generated(self.translator.generated_tokens - tokens_before)
 

@@ -304,6 +304,12 @@ class Trainer:
         state = load_checkpoint(self.opts.init_from)
         if "model" not in state or "config" not in state or "vocab" not in state:
             raise NmtError(f"{self.opts.init_from}: not a model checkpoint (no model, config or vocabulary)")
+        model_tokenizer = (state.get("tokenizer") or {}).get("name", "moses")
+        data_tokenizer = (data.meta.get("tokenizer") or {}).get("name", "moses")
+        if model_tokenizer != data_tokenizer:
+            raise NmtError(f"{self.opts.init_from}: the model was trained on --tokenizer {model_tokenizer} data, but "
+                           f"{data.path} was prepared with --tokenizer {data_tokenizer}; prepare the fine-tuning data "
+                           f"with nmt prepare --from-model {self.opts.init_from}")
         if state["vocab"] != data.vocab.symbols:
             raise NmtError(f"{self.opts.init_from}: vocabulary differs from {data.path / 'vocab.txt'}; prepare the "
                            f"fine-tuning data with nmt prepare --from-model {self.opts.init_from}")
@@ -593,6 +599,7 @@ class Trainer:
             "config": self.model.config.to_dict(),
             "vocab": data.vocab.symbols,
             "bpe_codes": data.bpe_codes,
+            "sentencepiece": data.sentencepiece,
             "source_lang": data.source_lang,
             "target_lang": data.target_lang,
             "tokenizer": data.meta.get("tokenizer", {}),

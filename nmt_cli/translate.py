@@ -16,6 +16,7 @@ from .errors import NmtError
 from .model import Transformer
 from .pipeline import Hyp, TextTranslator, default_workers
 from .search import EnsembleModel, Hypothesis, beam_search, greedy_search
+from .segment import Segmenter, segmenter_of
 from .vocab import Vocabulary
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -28,9 +29,9 @@ class Translator(TextTranslator):
     >>> t.translate(["A man is riding a bike."], beam=4)
     """
 
-    def __init__(self, models: Sequence[Transformer], vocab: Vocabulary, bpe_codes: str, source_lang: str,
-                 target_lang: str, device: torch.device, precision: str = "fp32", normalize: bool = False,
-                 workers: int = 1, threads: int = 0) -> None:
+    def __init__(self, models: Sequence[Transformer], vocab: Vocabulary, segmenter: Segmenter, source_lang: str,
+                 target_lang: str, device: torch.device, precision: str = "fp32", workers: int = 1,
+                 threads: int = 0) -> None:
         if precision not in PRECISIONS:
             raise NmtError(f"unknown --precision {precision!r} (use fp32, bf16 or fp16)")
         if precision == "fp16" and device.type != "cuda":
@@ -39,7 +40,7 @@ class Translator(TextTranslator):
             raise NmtError(f"--threads must be 0 (torch's default) or more (got {threads})")
         size_kernel_cache(DECODING_KERNEL_CACHE)
         self.ensemble = EnsembleModel(models, searches=workers)
-        super().__init__(vocab, bpe_codes, source_lang, target_lang, self.ensemble.max_positions, normalize, workers)
+        super().__init__(vocab, segmenter, source_lang, target_lang, self.ensemble.max_positions, workers)
         self.device, self.precision = device, precision
         if threads and workers == 1:
             torch.set_num_threads(threads)
@@ -55,7 +56,7 @@ class Translator(TextTranslator):
     @classmethod
     def from_checkpoint(cls, paths: str | Path | Sequence[str | Path], device: str | None = "cpu",
                         precision: str = "fp32", threads: int = 0, workers: int = 1) -> Translator:
-        """Load one checkpoint (or several, as an ensemble); it carries vocabulary, BPE codes and languages.
+        """Load one checkpoint (or several, as an ensemble); it carries vocabulary, tokenizer and languages.
         `workers` batches are searched at once, on `threads` CPU threads in all (0: torch's default); workers
         0 chooses (`pipeline.default_workers`)."""
         paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
@@ -66,16 +67,16 @@ class Translator(TextTranslator):
             state = require_keys(load_checkpoint(path), path)
             if first is None:
                 first = state
-            elif state["vocab"] != first["vocab"] or state["bpe_codes"] != first["bpe_codes"]:
-                raise NmtError(f"{path}: vocabulary or BPE codes differ from {paths[0]}; cannot ensemble")
+            elif (state["vocab"], state["bpe_codes"], state.get("sentencepiece")) != (
+                    first["vocab"], first["bpe_codes"], first.get("sentencepiece")):
+                raise NmtError(f"{path}: vocabulary or tokenizer differ from {paths[0]}; cannot ensemble")
             model, vocab = model_from_checkpoint(state)
             if precision != "fp32":
                 model = model.to(PRECISIONS.get(precision, torch.float32))
             models.append(model.to(dev).pack_weights())
         assert first is not None
-        normalize = bool((first.get("tokenizer") or {}).get("normalize_punctuation", False))
-        return cls(models, vocab, first["bpe_codes"], first["source_lang"], first["target_lang"], dev, precision,
-                   normalize, workers, threads)
+        return cls(models, vocab, segmenter_of(first, paths[0]), first["source_lang"], first["target_lang"], dev,
+                   precision, workers, threads)
 
     def start_worker(self) -> None:
         torch.set_num_threads(self.threads_per_worker)  # this thread's count (OpenMP keeps one per thread)

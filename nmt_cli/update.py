@@ -84,21 +84,22 @@ def validate(loss_module: TranslationLoss, corpus, batches, vocab, precision: st
 
 
 def valid_bleu(model: Transformer, data: DataDir, device: torch.device, precision: str) -> float:
-    """Greedy-decode the valid source and score detokenized output against the raw reference with sacreBLEU."""
+    """Greedy-decode the valid source and score detokenized output against the raw reference with sacreBLEU
+    (tokenized as the target language wants: `score.default_tokenize`)."""
     import sacrebleu
 
+    from .score import default_tokenize
     from .translate import Translator
 
-    translator = Translator([model], data.vocab, data.bpe_codes, data.source_lang, data.target_lang, device,
-                            precision=precision,
-                            normalize=bool(data.meta.get("tokenizer", {}).get("normalize_punctuation", False)))
+    translator = Translator([model], data.vocab, data.segmenter(), data.source_lang, data.target_lang, device,
+                            precision=precision)
     sources = (data.path / f"valid.raw.{data.source_lang}").read_text(encoding="utf-8").splitlines()
     refs = (data.path / f"valid.raw.{data.target_lang}").read_text(encoding="utf-8").splitlines()
     was_training = model.training
     model.eval()
     hyps = translator.translate(sources, greedy=True, max_tokens=4096)
     model.train(was_training)
-    return sacrebleu.corpus_bleu(hyps, [refs]).score
+    return sacrebleu.corpus_bleu(hyps, [refs], tokenize=default_tokenize(data.target_lang)).score
 
 
 def train_step(runner: nn.Module, model: Transformer, micro: list[Batch], optimizer, scaler, opts: TrainOptions,

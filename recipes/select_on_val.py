@@ -46,7 +46,7 @@ def select(ckpt_dir: Path, src: Path, ref: Path, windows: list[int], lenpens: li
     def bleu(path: Path, lenpen: float) -> float:
         translator = Translator.from_checkpoint(path, precision=precision, workers=0)  # as `nmt translate` runs
         hyps = translator.translate(sources, beam=beam, lenpen=lenpen)
-        return score(hyps, [refs], metrics=("bleu",))[0]["score"]
+        return score(hyps, [refs], metrics=("bleu",), lang=translator.target_lang)[0]["score"]
 
     scores: list[dict] = []
     out.parent.mkdir(parents=True, exist_ok=True)

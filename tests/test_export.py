@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt_cli import text
 from nmt_cli.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from nmt_cli.engines import load_translator
 from nmt_cli.model import Transformer
@@ -44,7 +43,7 @@ def test_exported_fp32_model_gives_nmts_token_log_probabilities(multi30k_tiny, e
     model, vocab = model_from_checkpoint(load_checkpoint(multi30k_tiny[0]))
     ct = CTranslate2Translator.from_dir(exported["float32"])
     sources = ct.encode(val[0][:30])
-    targets = [vocab.encode(ct.bpe(text.tokenize(r, "de"))) for r in val[1][:30]]
+    targets = [vocab.encode(ct.segmenter.segment(r, "de")) for r in val[1][:30]]
     ours = []
     with torch.no_grad():
         for s, t in zip(sources, targets):

@@ -182,8 +182,8 @@ def test_punctuation_normalization_recorded_and_applied_by_translate(tmp_path, t
     assert (tmp_path / "norm" / "valid.raw.en").read_text(encoding="utf-8").splitlines()[0] == lines[0]
 
     translator = Translator.from_checkpoint(toy_model)
-    assert translator.normalize is False
-    translator.normalize = True
+    assert translator.segmenter.normalize is False
+    translator.segmenter.normalize = True
     assert translator.encode([lines[0]]) == translator.encode([normalize_punctuation(lines[0], "en")])
 
 

@@ -303,7 +303,7 @@ def test_beam_one_equals_greedy_on_an_untrained_model(toy_data, sources):
     with torch.no_grad():  # pull </s> towards the other outputs, so that it is often a close second
         model.embed.weight[data.vocab.eos] += 5 * model.embed.weight[4:].mean(0)
     # (with the old rule, any </s> among the top 2 x beam finishing a hypothesis, ~25 of these 40 differ)
-    translator = Translator([model], data.vocab, data.bpe_codes, "en", "de", torch.device("cpu"))
+    translator = Translator([model], data.vocab, data.segmenter(), "en", "de", torch.device("cpu"))
     beam = translator.translate(sources[:40], beam=1, lenpen=0.0)
     assert beam == translator.translate(sources[:40], greedy=True)
     threshold("longest output, words", max(len(h.split()) for h in beam), low=11)  # it really ran long
