@@ -1,11 +1,12 @@
 """`nmt prepare` and `nmt train` start-up at WMT14 scale, on a synthetic corpus shaped like WMT14 en-de.
 
-    python benchmarks/scale.py --pairs 4500000 [--json] [--work DIR] [--keep]
+    python benchmarks/scale.py --pairs 4500000 [--tokenizer sentencepiece] [--json] [--work DIR] [--keep]
 
 Generates N pairs (benchmarks/synthetic.py: Zipfian words, ~1M types per side at 4.5M pairs, WMT-like
 lengths, ~3% of pairs for the filters to drop) plus 3,000-pair valid and test sets, runs `nmt prepare`
 with the WMT14 recipe's settings (35k merges, punctuation normalization, --max-len 250, --max-ratio 1.5,
-all cores) and then `nmt train --arch base` on the result up to its first update. Prints a table per
+all cores; or `--tokenizer sentencepiece`, a 37k-piece unigram model learned on a 1M-line sample) and then
+`nmt train --arch base` on the result up to its first update. Prints a table per
 stage (seconds, lines/s, peak RSS, disk); --json prints one JSON object instead.
 """
 
@@ -34,14 +35,14 @@ def _rss_mb() -> float:
     return 0.0
 
 
-def prepare_worker(work: str, merges: int) -> None:
+def prepare_worker(work: str, merges: int, tokenizer: str = "moses") -> None:
     """Child process: nmt prepare with the recipe's settings; one JSON line per stage on stdout."""
     from nmt_cli.prepare import PrepareOptions, prepare
 
     w = Path(work)
     opts = PrepareOptions("en", "de", str(w / "train"), str(w / "valid"), w / "data", test=[str(w / "test")],
                           bpe_merges=merges, max_len=250, max_ratio=1.5, force=True, quiet=True, normalize=True,
-                          workers=os.cpu_count() or 1)
+                          workers=os.cpu_count() or 1, tokenizer=tokenizer, vocab_size=37_000)
     prepare(opts, on_stage=lambda record: print(json.dumps(record), flush=True))
 
 
@@ -72,14 +73,15 @@ def main() -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=500_000)
     parser.add_argument("--merges", type=int, default=35_000)
+    parser.add_argument("--tokenizer", default="moses", choices=("moses", "sentencepiece"))
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     parser.add_argument("--work", type=Path, help="working folder (default: a temporary one, removed)")
     parser.add_argument("--keep", action="store_true", help="keep the working folder")
-    parser.add_argument("--prepare-worker", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--prepare-worker", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--train-worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.prepare_worker:
-        prepare_worker(args.prepare_worker[0], int(args.prepare_worker[1]))
+        prepare_worker(args.prepare_worker[0], int(args.prepare_worker[1]), args.prepare_worker[2])
         return {}
     if args.train_worker:
         train_worker(*args.train_worker)
@@ -98,8 +100,8 @@ def main() -> dict:
         corpus_mb = sum((work / f"train.{lang}").stat().st_size for lang in ("en", "de")) / 2**20
 
         start = time.perf_counter()
-        child = subprocess.run([sys.executable, __file__, "--prepare-worker", str(work), str(args.merges)],
-                               capture_output=True, text=True)
+        child = subprocess.run([sys.executable, __file__, "--prepare-worker", str(work), str(args.merges),
+                                args.tokenizer], capture_output=True, text=True)
         prepare_s = time.perf_counter() - start
         if child.returncode != 0:
             sys.exit(f"scale: nmt prepare failed: {child.stderr.strip().splitlines()[-1:]}")
@@ -118,7 +120,7 @@ def main() -> dict:
             shutil.rmtree(work, ignore_errors=True)
 
     result = {
-        "pairs": args.pairs, "merges": args.merges, "generate_s": round(generate_s, 1),
+        "pairs": args.pairs, "merges": args.merges, "tokenizer": args.tokenizer, "generate_s": round(generate_s, 1),
         "corpus_mb": round(corpus_mb, 1), "prepare_s": round(prepare_s, 1),
         "prepare_peak_rss_mb": round(prepare_peak, 1), "data_dir_mb": round(data_mb, 1),
         "train_first_update_s": round(train["train_first_update_s"], 1),
@@ -135,7 +137,8 @@ def main() -> dict:
                  data_mb])
     rows.append(["train start-up to first update (base, bf16)", train["train_first_update_s"], "",
                  train["train_peak_rss_mb"], 0.0])
-    print_table(f"scale: {args.pairs:,} synthetic WMT14-like pairs, {args.merges:,} merges ({machine()})",
+    what = f"{args.merges:,} merges" if args.tokenizer == "moses" else "SentencePiece, 37,000 pieces"
+    print_table(f"scale: {args.pairs:,} synthetic WMT14-like pairs, {what} ({machine()})",
                 ["stage", "seconds", "rate", "peak RSS MB", "disk MB"], rows)
     print(f"corpus {corpus_mb:,.0f} MB generated in {generate_s:.0f} s; kept {result['kept_pairs']:,} pairs "
           f"(dropped {result['dropped']}); vocabulary {result['vocab_size']:,}; train data index "

@@ -419,6 +419,58 @@ def plot_cmd(
     err.print(f"wrote {output}", highlight=False)
 
 
+@app.command("attention")
+@handle_errors
+def attention_cmd(
+    sentence: Annotated[str, typer.Argument(help="A source sentence (raw text).")],
+    model: Annotated[Path, typer.Option("--model", "-m", help="Checkpoint (or averaged model).")],
+    reference: Annotated[Optional[str], typer.Option(
+        help="Target text to force (raw); default: the model's own beam-4 translation.")] = None,
+    output: Annotated[Path, typer.Option("--output", "-o", help="Picture to write (.png, .svg, .pdf).")] = Path(
+        "attention.png"),
+    layer: Annotated[Optional[list[int]], typer.Option(
+        help="Layer to draw, 1-based (repeatable; default all).")] = None,
+    head: Annotated[Optional[list[int]], typer.Option(help="Head to draw, 1-based (repeatable; default all, and "
+                                                           "their mean).")] = None,
+    format: Annotated[Optional[str], typer.Option(help="png, svg or pdf (default: from --output).")] = None,
+    as_json: Annotated[Optional[Path], typer.Option(
+        "--json", help="Also write the raw weights (layer x head x query x key) and labels to this file.")] = None,
+) -> None:
+    """Draw what the model attends to for one sentence: encoder self-attention, decoder self-attention and
+    encoder-decoder attention, per layer and head (the paper's Figures 3-5)."""
+    from .attention import FORMATS, attention_maps, plot_attention, write_json
+    from .translate import Translator
+
+    fmt = (format or output.suffix.lstrip(".") or "png").lower()
+    if fmt not in FORMATS:
+        raise NmtError(f"{output}: unknown picture format {fmt!r} (use --format png, svg or pdf)")
+    translator = Translator.from_checkpoint(model, device="cpu")
+    net = translator.ensemble.models[0]
+    layers, heads = net.config.layers, net.config.heads
+    for flag, values, most in (("--layer", layer, layers), ("--head", head, heads)):
+        for v in values or ():
+            if not 1 <= v <= most:
+                raise NmtError(f"{flag} {v}: the model has {most} (1 to {most})")
+    if not sentence.strip():
+        raise NmtError("the sentence is empty: nothing to attend to")
+    source = translator.encode([sentence])[0]
+    translator.warnings.clear()
+    if reference is None:
+        ids: list = []
+        translator.translate_nbest([sentence], ids_out=ids)
+        target = ids[0][1]
+    else:
+        target = translator.vocab.encode(translator.segmenter.segment(reference, translator.target_lang))
+    vocab = translator.vocab
+    maps = attention_maps(net, source, target, vocab.symbols, vocab.bos, vocab.eos)
+    plot_attention(maps, output, [v - 1 for v in layer or ()], [v - 1 for v in head or ()], fmt)
+    if as_json is not None:
+        write_json(maps, as_json)
+    err.print(f"wrote {output}" + (f" and {as_json}" if as_json else "") + f" ({len(maps.source)} source and "
+              f"{len(maps.target_out)} target tokens; target: {translator.decode(target)})", highlight=False,
+              markup=False)
+
+
 # ----------------------------------------------------------------------------- export
 export_app = typer.Typer(cls=OneLineErrors, no_args_is_help=True, add_completion=False,
                          context_settings={"help_option_names": ["-h", "--help"]},
@@ -551,6 +603,13 @@ def translate_cmd(
         "Batches translated at once, each on its share of the threads (0: 2 on a CPU with 2+ threads, "
         "else 1)."))] = 0,
     engine: Annotated[Engine, typer.Option(rich_help_panel=P_DEVICE, help=ENGINE_HELP)] = Engine.auto,
+    alignments: Annotated[bool, typer.Option(rich_help_panel=P_IO, help=(
+        "Append TAB and source-target word alignments (i-j over whitespace-separated words, from the "
+        "encoder-decoder attention: approximate) to each line."))] = False,
+    alignments_out: Annotated[Optional[Path], typer.Option(rich_help_panel=P_IO, help=(
+        "Write the alignments to this file instead, one line per input line."))] = None,
+    alignment_layer: Annotated[Optional[int], typer.Option(rich_help_panel=P_SEARCH, help=(
+        "Decoder layer whose encoder-decoder attention gives the alignments (1-based; default: the last)."))] = None,
     quiet: Annotated[bool, typer.Option(rich_help_panel=P_IO, help="No progress bar.")] = False,
 ) -> None:
     """Translate raw text; output is detokenized, one line per input line, in input order."""
@@ -560,12 +619,41 @@ def translate_cmd(
 
     if workers < 0:
         raise NmtError(f"--workers must be 0 (automatic) or more (got {workers})")
+    aligning = alignments or alignments_out is not None
+    if aligning and nbest > 1:
+        raise NmtError("--alignments prints one translation per line: drop --nbest")
+    if alignments and alignments_out is not None:
+        raise NmtError("--alignments appends them to each line, --alignments-out writes them apart: choose one")
     options = dict(beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, batch_size=batch_size,
                    max_tokens=max_tokens, greedy=greedy, nbest=nbest)
     TextTranslator.check_options(**options)  # before anything is loaded or printed
     translator = load_translator(model, device=device.value if device else None, precision=precision.value,
                                  threads=threads, engine=engine.value, workers=workers)
+    if aligning:
+        if not hasattr(translator, "align"):
+            raise NmtError("--alignments reads nmt's own attention: give the checkpoint (.pt), not an exported "
+                           "folder or --engine ctranslate2")
+        translator.alignment_layer(alignment_layer)  # a layer out of range: one line before any work
     start_up_done()
+    aligned: list[str] = []  # alignment lines (--alignments-out)
+
+    def translate(lines: list[str], **kwargs) -> list[list[tuple[str, float]]]:
+        if not aligning:
+            return translator.translate_nbest(lines, **kwargs, **options)
+        ids: list = []
+        results = translator.translate_nbest(lines, ids_out=ids, **kwargs, **options)
+        from .attention import format_alignments
+
+        pairs = translator.align(lines, [r[0][0] for r in results], ids, alignment_layer)
+        if alignments_out is not None:
+            aligned.extend(format_alignments(p) for p in pairs)
+            return results
+        return [[(f"{r[0][0]}\t{format_alignments(p)}", r[0][1])] for r, p in zip(results, pairs)]
+
+    def write_alignments() -> None:
+        if alignments_out is not None:
+            with atomic_path(alignments_out) as tmp:
+                tmp.write_text("".join(line + "\n" for line in aligned), encoding="utf-8")
 
     def flush_warnings() -> None:
         for w in translator.warnings:
@@ -593,7 +681,7 @@ def translate_cmd(
                 if t.elapsed:
                     progress.update(task, rate=f"{t.completed / t.elapsed:.1f} sent/s")
 
-            results = translator.translate_nbest(lines, on_batch=advance, **options)
+            results = translate(lines, on_batch=advance)
         flush_warnings()
         out_lines = format_results(results, 1)
         if output is None:
@@ -601,6 +689,7 @@ def translate_cmd(
         else:
             with atomic_path(output) as tmp:
                 tmp.write_text("".join(line + "\n" for line in out_lines), encoding="utf-8")
+        write_alignments()
         return
     # stdin: translate as lines arrive, flushing each batch.
     with atomic_path(output) if output else nullcontext() as tmp:
@@ -609,13 +698,14 @@ def translate_cmd(
             # What has arrived, up to 4 batches per worker: sorted by length into batches and searched
             # `workers` at a time, as a file is (piped text ~1.4x faster than batch by batch in arrival order).
             for batch in _stdin_batches(batch_size * translator.workers * 4):
-                results = translator.translate_nbest([t for _, t in batch], first_line=batch[0][0], **options)
+                results = translate([t for _, t in batch], first_line=batch[0][0])
                 flush_warnings()
                 sink.write("".join(line + "\n" for line in format_results(results, batch[0][0])))
                 sink.flush()
         finally:
             if tmp:
                 sink.close()
+    write_alignments()
 
 
 # ----------------------------------------------------------------------------- serve

@@ -98,6 +98,17 @@ def explicit_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = No
         return torch.matmul(weights, v)
 
 
+def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
+    """softmax(QK^T / sqrt(dk)) in float32 (B, h, Lq, Lk), masked as `explicit_attention` masks it."""
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if causal:
+        future = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(future, -math.inf)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -math.inf)
+    return torch.softmax(scores, dim=-1)
+
+
 class Linear(nn.Linear):
     """nn.Linear through `ops.linear` (oneDNN, with its packed weight, for large inference products on CPU)."""
 
@@ -117,6 +128,7 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = Linear(d_model, d_model)
         self.packed_q: PackedWeight | None = None  # W^Q alone (cross-attention), see Transformer.pack_weights
         self.packed_kv: PackedWeight | None = None  # W^K and W^V together
+        self.record: list[Tensor] | None = None  # set by attention.record_attention: weights are appended here
 
     def _split(self, x: Tensor) -> Tensor:  # (B, L, d) -> (B, h, L, dk)
         return x.unflatten(-1, (self.heads, self.dk)).transpose(1, 2)
@@ -146,7 +158,13 @@ class MultiHeadAttention(nn.Module):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
         """Attention(Q, K, V) = softmax(QK^T / sqrt(dk)) V (eq. 1), heads merged and projected. (B, Lq, d)."""
         p = self.dropout if self.training else 0.0
-        if self.training and _fp32_attention_on_cpu(q):
+        if self.record is not None:
+            # The same product, with its weights kept (B, h, Lq, Lk): `explicit_attention` equals the kernels'
+            # attention (tests/test_model.py), and tests/test_attention.py checks the output is unchanged.
+            weights = attention_weights(q, k, mask, causal)
+            self.record.append(weights)
+            out = torch.matmul(weights, v.float()).to(v.dtype)
+        elif self.training and _fp32_attention_on_cpu(q):
             # Training in bf16 on CPU: the three ops in bf16 (softmax with float32 arithmetic inside, as
             # fairseq's half-precision attention does) run forward + backward ~2x faster than the fused
             # float32 kernel at translation's short lengths.

@@ -107,11 +107,15 @@ class TextTranslator:
     def translate_nbest(self, sentences: Sequence[str], beam: int = 4, lenpen: float = 0.6, max_len_a: float = 1.0,
                         max_len_b: int = 50, batch_size: int = 64, max_tokens: int | None = None,
                         greedy: bool = False, nbest: int = 1, first_line: int = 1,
-                        on_batch: Callable[[int], None] | None = None) -> list[list[tuple[str, float]]]:
-        """Exactly `nbest` (translation, score) pairs per sentence, best first; empty input gives ("", 0.0)s."""
+                        on_batch: Callable[[int], None] | None = None,
+                        ids_out: list | None = None) -> list[list[tuple[str, float]]]:
+        """Exactly `nbest` (translation, score) pairs per sentence, best first; empty input gives ("", 0.0)s.
+        With `ids_out` (a list), it is filled with (source ids, best output ids) per sentence, in input order."""
         self.check_options(beam, lenpen, max_len_a, max_len_b, batch_size, max_tokens, greedy, nbest)
         ids = self.encode(sentences, first_line)
         results: list[list[tuple[str, float]]] = [[("", 0.0)] * nbest for _ in sentences]
+        if ids_out is not None:
+            ids_out[:] = [(x, []) for x in ids]
         todo = [i for i, x in enumerate(ids) if x]
         jobs = [[todo[j] for j in batch] for batch in self.batches([len(ids[i]) for i in todo], batch_size, max_tokens)]
 
@@ -123,6 +127,8 @@ class TextTranslator:
                 results[i] = [(self.decode(tokens), score) for tokens, score in sentence_hyps]
                 # Exactly `nbest` per input: a search that ran out of distinct hypotheses repeats its last one.
                 results[i] += results[i][-1:] * (nbest - len(results[i]))
+                if ids_out is not None:
+                    ids_out[i] = (ids[i], sentence_hyps[0][0])
                 self.generated_tokens += len(sentence_hyps[0][0]) + 1
             if on_batch:
                 on_batch(len(rows))

@@ -200,23 +200,40 @@ def _binarize_job(job: tuple[list[str], list[str], int | None]):
 
 # ------------------------------------------------------------------ main side
 class _Stages:
-    """Timing, lines and peak memory of each stage, with a progress bar per stage."""
+    """Timing, lines and peak memory of each stage, with a progress bar per stage.
+
+    The bars are redrawn by the stages themselves (at most 10 times a second), not by rich's refresh thread:
+    worker processes are forked at each stage, and a fork while another thread runs can hand the child a lock
+    that thread held (the output stream's), which nothing in the child would ever release."""
+
+    REDRAW_S = 0.1
 
     def __init__(self, quiet: bool, on_stage: Callable[[dict], None] | None, staging: Path) -> None:
         self.progress = Progress(TextColumn("{task.description:<18}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[unit]}"), TimeElapsedColumn(), disable=quiet)
+                                 TextColumn("{task.fields[unit]}"), TimeElapsedColumn(), disable=quiet,
+                                 auto_refresh=False)
         self.on_stage, self.records, self.staging = on_stage, [], staging
         self.task, self.start, self.name, self.unit = None, 0.0, "", "lines"
+        self.drawn = 0.0
 
     def begin(self, name: str, total: int | None, unit: str = "lines") -> None:
         self.name, self.start, self.unit = name, time.perf_counter(), unit
         self.task = self.progress.add_task(name, total=total, unit=unit)
+        self.redraw(force=True)
 
     def advance(self, n: int) -> None:
         self.progress.advance(self.task, n)
+        self.redraw()
+
+    def redraw(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self.drawn >= self.REDRAW_S:
+            self.progress.refresh()
+            self.drawn = now
 
     def end(self, done: int) -> None:
         self.progress.update(self.task, completed=done, total=done)
+        self.redraw(force=True)
         usage = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                     resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
         record = {"stage": self.name, "seconds": time.perf_counter() - self.start, "lines": done, "unit": self.unit,
@@ -435,8 +452,8 @@ def _tokenize(inputs: dict[str, tuple[Path, Path]], work: Path, staging: Path, o
                 raise NmtError(f"empty corpus: {path} has no text")
             lang = (src_lang, tgt_lang)[side]
             if is_train and _is_chinese(lang) and han[side] < pairs_read / 2:
-                warn(f"{path}: only {han[side]:,} of {pairs_read:,} lines hold Chinese characters, for language {lang!r} "
-                     "(are -s/-t the right way round?)")
+                warn(f"{path}: only {han[side]:,} of {pairs_read:,} lines hold Chinese characters, for language "
+                     f"{lang!r} (are -s/-t the right way round?)")
     stages.end(done)
     return tokenized, counts
 

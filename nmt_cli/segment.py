@@ -41,6 +41,10 @@ class Segmenter:
         """The raw text of whitespace-separated pieces."""
         raise NotImplementedError
 
+    def surface(self, piece: str) -> str:
+        """The characters of the raw text one piece stands for ('' where it cannot say), for alignments."""
+        raise NotImplementedError
+
 
 class MosesBpe(Segmenter):
     """Moses tokenization (no escaping, aggressive hyphen splits), then BPE with ``@@`` continuation marks."""
@@ -57,6 +61,10 @@ class MosesBpe(Segmenter):
 
     def desegment(self, pieces: str, lang: str) -> str:
         return text.detokenize(text.remove_bpe(pieces), lang)
+
+    def surface(self, piece: str) -> str:
+        piece = piece.removesuffix(text.BPE_SEPARATOR)
+        return "-" if piece == "@-@" else piece
 
 
 class SentencePiece(Segmenter):
@@ -79,6 +87,11 @@ class SentencePiece(Segmenter):
 
     def desegment(self, pieces: str, lang: str) -> str:
         return self.processor.decode(pieces.split())
+
+    def surface(self, piece: str) -> str:
+        if piece.startswith("<0x") and piece.endswith(">"):  # one byte of a character: no whole character
+            return ""
+        return piece.replace("\u2581", "")
 
     def symbols(self) -> list[str]:
         """Every piece, by id: the model's vocabulary (ids 0-3 are <pad> <s> </s> <unk>)."""

@@ -78,6 +78,36 @@ class Translator(TextTranslator):
         return cls(models, vocab, segmenter_of(first, paths[0]), first["source_lang"], first["target_lang"], dev,
                    precision, workers, threads)
 
+    def alignment_layer(self, layer: int | None) -> int:
+        """The encoder-decoder attention layer (0-based) alignments read: `layer` (1-based), or by default the
+        last (docs/design.md, "Attention and alignments")."""
+        layers = self.ensemble.models[0].config.layers
+        if layer is None:
+            return layers - 1
+        if not 1 <= layer <= layers:
+            raise NmtError(f"--alignment-layer must be between 1 and {layers}, the model's layers (got {layer})")
+        return layer - 1
+
+    def align(self, sources: Sequence[str], outputs: Sequence[str], ids: Sequence[tuple[list[int], list[int]]],
+              layer: int | None = None) -> list[list[tuple[int, int]]]:
+        """Word alignments (source word, output word) of each translated sentence, from the encoder-decoder
+        attention of `layer` (1-based; default: the second to last) of the first model, with the output
+        teacher-forced; `ids` as `translate_nbest(ids_out=...)` gives them."""
+        from .attention import attention_maps, piece_words, word_alignments
+
+        index = self.alignment_layer(layer)
+        model, symbols, vocab = self.ensemble.models[0], self.vocab.symbols, self.vocab
+        out = []
+        for source, output, (source_ids, output_ids) in zip(sources, outputs, ids):
+            if not source_ids or not output_ids:
+                out.append([])
+                continue
+            maps = attention_maps(model, source_ids, output_ids, symbols, vocab.bos, vocab.eos)
+            source_words = piece_words([symbols[i] for i in source_ids], source, self.segmenter.surface)
+            output_words = piece_words([symbols[i] for i in output_ids], output, self.segmenter.surface)
+            out.append(word_alignments(maps.weights["cross"][index], source_words, output_words))
+        return out
+
     def start_worker(self) -> None:
         torch.set_num_threads(self.threads_per_worker)  # this thread's count (OpenMP keeps one per thread)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from nmt_cli.data import DataDir
-from nmt_cli.prepare import PrepareOptions, prepare
+from nmt_cli.prepare import PrepareOptions, _Stages, prepare
 
 from .conftest import expect_error, run_cli, shared_data, write_task
 
@@ -312,3 +312,32 @@ def test_workers_die_with_their_parent_even_mid_job(tmp_path):
     remove_temporaries(tmp_path, "data")
     assert not staging.exists()
     proc.wait()
+
+
+def test_workers_are_forked_while_no_other_thread_runs(multi30k_subset, tmp_path, monkeypatch):
+    """A fork while another thread runs can give the child a lock that thread held (rich's refresh thread and
+    the output stream's lock: a possible cause of the rare Ctrl-C hang). The progress bars are drawn without a
+    thread, so every stage forks its workers with only the threads that ran before prepare began."""
+    import threading
+
+    import nmt_cli.prepare as prep
+    from nmt_cli import workers
+
+    before = set(threading.enumerate())
+    seen: list[set] = []
+    original_start = workers.mp.get_context("fork").Process.start
+
+    def start(self):
+        seen.append(set(threading.enumerate()) - before)
+        return original_start(self)
+
+    monkeypatch.setattr(workers.mp.get_context("fork").Process, "start", start)
+    monkeypatch.setattr(prep, "_Stages", _VisibleStages)  # bars drawn as for a user at a terminal
+    _prepare(multi30k_subset, tmp_path / "d", workers=2)
+    assert len(seen) >= 6  # 2 workers x (tokenize, apply BPE, binarize)
+    assert all(not extra for extra in seen), seen
+
+
+class _VisibleStages(_Stages):
+    def __init__(self, quiet, on_stage, staging):
+        super().__init__(False, on_stage, staging)

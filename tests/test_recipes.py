@@ -270,6 +270,29 @@ def test_multi30k_recipe_end_to_end(tmp_path):
     assert again.returncode == 0, again.stdout + again.stderr
 
 
+def test_tatoeba_recipe_smoke_into_chinese(tmp_path):
+    """make tatoeba-en-zh at smoke size (issue 25): split, SentencePiece, train, choose on valid, translate and
+    score test with sacreBLEU's zh tokenizer, read from the model's target language."""
+    data = shared_data("tatoeba-cmn-eng")
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    result = subprocess.run(["make", "-o", ".venv/.installed", "tatoeba-en-zh", f"DATA={data}", f"EXP={tmp_path}",
+                             "LINES=2000", "TRAIN_MINUTES=0.25", "ARCH=tiny", "AVERAGE_WINDOWS=1 3", "LENPENS=0.6"],
+                            cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    split = json.loads((tmp_path / "raw-2000" / "split.json").read_text())
+    assert split["valid"] == split["test"] == 200 and split["seed"] == 1
+    exp = tmp_path / "en-zh-sentencepiece-2000"
+    assert len((exp / "test.hyp").read_text(encoding="utf-8").splitlines()) == 200
+    meta = json.loads((exp / "data" / "meta.json").read_text())
+    assert meta["tokenizer"]["name"] == "sentencepiece" and meta["vocab_size"] == 3000
+    scores = {s["metric"]: s for s in json.loads((exp / "score.json").read_text())}
+    assert "tok:zh" in scores["bleu"]["signature"] and "chrf" in scores
+    # a TOKENIZER that is neither: one line, exit 2, before anything runs
+    bad = subprocess.run(["make", "-o", ".venv/.installed", "tatoeba-zh-en", "TOKENIZER=jieba", f"EXP={tmp_path}"],
+                         cwd=REPO, capture_output=True, text=True)
+    assert bad.returncode != 0 and "TOKENIZER must be moses or sentencepiece (got 'jieba')" in bad.stderr
+
+
 def test_select_on_val_bad_input(tmp_path):
     src, ref = tmp_path / "v.en", tmp_path / "v.de"
     src.write_text("a\nb\n")
