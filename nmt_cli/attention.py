@@ -20,6 +20,8 @@ from .textio import atomic_path
 KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
          "cross": "encoder-decoder attention"}
 FORMATS = ("png", "svg", "pdf")
+CJK_FONTS = ("Noto Sans CJK SC", "Noto Sans CJK JP", "Source Han Sans SC", "WenQuanYi Zen Hei", "SimHei",
+             "Microsoft YaHei", "PingFang SC")
 
 
 @dataclass
@@ -93,6 +95,15 @@ def plot_attention(maps: AttentionMaps, out: str | Path, layers: Sequence[int] |
     fmt = fmt or out.suffix.lstrip(".").lower() or "png"
     if fmt not in FORMATS:
         raise NmtError(f"{out}: unknown picture format {fmt!r} (use --format png, svg or pdf)")
+    import warnings
+
+    from matplotlib import font_manager
+
+    # Chinese or Japanese pieces as tick labels: a CJK font where the system has one (matplotlib falls back
+    # through the list glyph by glyph); without one, those glyphs are drawn as boxes, silently.
+    installed = {f.name for f in font_manager.fontManager.ttflist}
+    fonts = [f for f in CJK_FONTS if f in installed]
+    warnings.filterwarnings("ignore", message="Glyph .* missing from")
     n_layers, n_heads = maps.weights["encoder"].shape[:2]
     layers = list(layers) if layers else list(range(n_layers))
     heads = list(heads) if heads else list(range(n_heads))
@@ -100,6 +111,7 @@ def plot_attention(maps: AttentionMaps, out: str | Path, layers: Sequence[int] |
     longest = max(len(maps.source), len(maps.target_out))
     cell = max(2.2, 0.16 * longest)  # inches per map: readable tick labels up to ~40 tokens
     rows = len(KINDS) * len(layers)
+    plt.rcParams["font.family"] = ["DejaVu Sans", *fonts]
     fig, axes = plt.subplots(rows, columns, figsize=(cell * columns, cell * rows + 0.6), squeeze=False)
     font = max(4.0, min(8.0, 220 / max(longest, 1)))
     for k, kind in enumerate(KINDS):
@@ -130,14 +142,28 @@ def write_json(maps: AttentionMaps, out: str | Path) -> Path:
 
 
 # ----------------------------------------------------------------------------------------------- alignments
-def piece_words(pieces: Sequence[str], text: str, surface) -> list[int]:
-    """For each piece, the index of the whitespace-separated word of `text` it came from. `surface(piece)` is
-    the piece's characters as they appear in the text ('' for none); pieces are matched left to right, and
-    one whose characters cannot be found goes with the word before it."""
+# Written without spaces between words: alignments count characters (spaces left out) instead of words.
+BY_CHARACTER = ("zh", "ja", "th", "my", "km", "lo")
+
+
+def by_character(lang: str) -> bool:
+    """Whether alignments on a `lang` side count characters rather than whitespace-separated words."""
+    from .score import base_language
+
+    return base_language(lang) in BY_CHARACTER
+
+
+def piece_words(pieces: Sequence[str], text: str, surface, characters: bool = False) -> list[int]:
+    """For each piece, the index of the whitespace-separated word of `text` it came from (with `characters`,
+    of its first character among the text's non-space characters). `surface(piece)` is the piece's characters
+    as they appear in the text ('' for none); pieces are matched left to right, and one whose characters
+    cannot be found goes with the word before it."""
     chars, words = [], []  # text without spaces, and each character's word
     for w, word in enumerate(text.split()):
         chars.extend(word)
         words.extend([w] * len(word))
+    if characters:
+        words = list(range(len(chars)))
     flat = "".join(chars)
     cursor, out = 0, []
     for piece in pieces:

@@ -313,6 +313,11 @@ def train_cmd(
         rich_help_panel=P_MODEL, help="Dropout on the FFN inner layer.")] = None,
     pre_norm: Annotated[Optional[bool], typer.Option(
         "--pre-norm/--post-norm", rich_help_panel=P_MODEL, help="LayerNorm placement.")] = None,
+    head_dim: Annotated[Optional[int], typer.Option(rich_help_panel=P_MODEL, help=(
+        "Width of one attention head, d_k = d_v (default d_model / heads; Table 3 rows A and B vary it)."))] = None,
+    learned_positions: Annotated[Optional[bool], typer.Option(
+        "--learned-positions/--sinusoidal-positions", rich_help_panel=P_MODEL,
+        help="Learned position embeddings instead of the paper's sinusoids (Table 3 row E).")] = None,
     max_tokens: Annotated[int, typer.Option(rich_help_panel=P_DATA, help="Tokens per batch (padding counted).")] = 4096,
     update_freq: Annotated[int, typer.Option(rich_help_panel=P_DATA, help="Batches accumulated per update.")] = 1,
     max_updates: Annotated[int, typer.Option(
@@ -377,7 +382,7 @@ def train_cmd(
     opts = TrainOptions(
         data=data, save_dir=save_dir, arch=arch.value if arch else None, layers=layers, d_model=d_model, ffn=ffn,
         heads=heads, dropout=dropout, attention_dropout=attention_dropout, activation_dropout=activation_dropout,
-        pre_norm=pre_norm, max_tokens=max_tokens,
+        pre_norm=pre_norm, head_dim=head_dim, learned_positions=learned_positions, max_tokens=max_tokens,
         update_freq=update_freq, max_updates=max_updates, max_epochs=max_epochs, max_time=max_time,
         precision=precision.value, seed=seed, device=device.value if device else None,
         save_interval_updates=save_interval_updates, save_interval_minutes=save_interval_minutes,
@@ -495,6 +500,21 @@ def export_ctranslate2_cmd(
     err.print(f"exported {model} to {output} ({quantization})", markup=False, highlight=False)
 
 
+@export_app.command("transformers")
+@handle_errors
+def export_transformers_cmd(
+    model: Annotated[Path, typer.Option("--model", "-m", help="nmt checkpoint (e.g. an averaged model.pt).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Model folder to write.")],
+    force: Annotated[bool, typer.Option(help="Replace an existing folder.")] = False,
+) -> None:
+    """Write a Hugging Face Transformers folder (a Marian model and tokenizer, for models trained with
+    --tokenizer sentencepiece) that AutoModelForSeq2SeqLM and AutoTokenizer load, with a model card."""
+    from .hf import export_transformers
+
+    export_transformers(model, output, force)
+    err.print(f"exported {model} to {output} (Marian)", markup=False, highlight=False)
+
+
 # ----------------------------------------------------------------------------- average
 @app.command("average")
 @handle_errors
@@ -604,12 +624,13 @@ def translate_cmd(
         "else 1)."))] = 0,
     engine: Annotated[Engine, typer.Option(rich_help_panel=P_DEVICE, help=ENGINE_HELP)] = Engine.auto,
     alignments: Annotated[bool, typer.Option(rich_help_panel=P_IO, help=(
-        "Append TAB and source-target word alignments (i-j over whitespace-separated words, from the "
-        "encoder-decoder attention: approximate) to each line."))] = False,
+        "Append TAB and source-target word alignments (i-j over whitespace-separated words; characters for "
+        "Chinese, Japanese, Thai; from the encoder-decoder attention: approximate) to each line."))] = False,
     alignments_out: Annotated[Optional[Path], typer.Option(rich_help_panel=P_IO, help=(
         "Write the alignments to this file instead, one line per input line."))] = None,
     alignment_layer: Annotated[Optional[int], typer.Option(rich_help_panel=P_SEARCH, help=(
-        "Decoder layer whose encoder-decoder attention gives the alignments (1-based; default: the last)."))] = None,
+        "Decoder layer whose encoder-decoder attention gives the alignments (1-based; default: the second to "
+        "last, or the last of 1-2 layers)."))] = None,
     quiet: Annotated[bool, typer.Option(rich_help_panel=P_IO, help="No progress bar.")] = False,
 ) -> None:
     """Translate raw text; output is detokenized, one line per input line, in input order."""

@@ -46,13 +46,17 @@ def build_spec(state: dict) -> Any:
 
     model, vocab = model_from_checkpoint(state)
     c = model.config
+    if c.dk * c.heads != c.d_model:
+        raise NmtError(f"heads of {c.dk} x {c.heads} do not make up d_model {c.d_model} (--head-dim): CTranslate2's "
+                       "Transformer cannot hold this model")
     spec = transformer_spec.TransformerSpec.from_config(c.layers, c.heads, pre_norm=c.pre_norm,
                                                         activation=common_spec.Activation.RELU)
     weights = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     d = c.d_model
     # The paper's sinusoids interleave sin and cos (section 3.5); CTranslate2's built-in ones are concatenated,
-    # so the exact table is stored. Row 0 is the first token's position, as in nmt.
-    positions = sinusoidal_positions(c.max_positions, d).numpy()
+    # so the exact table is stored (or the learned one). Row 0 is the first token's position, as in nmt.
+    positions = (weights["position_embed"] if c.learned_positions
+                 else sinusoidal_positions(c.max_positions, d).numpy())
 
     def linear(target: Any, prefix: str, rows: slice = slice(None)) -> None:
         target.weight = weights[f"{prefix}.weight"][rows]

@@ -33,6 +33,13 @@ class ModelConfig:
     pre_norm: bool = False
     max_positions: int = 1024
     pad: int = 0
+    head_dim: int | None = None  # d_k = d_v; None: d_model / heads (the paper's, except Table 3 rows A and B)
+    learned_positions: bool = False  # learned position embeddings instead of sinusoids (Table 3 row E)
+
+    @property
+    def dk(self) -> int:
+        """d_k = d_v, the width of one head."""
+        return self.head_dim or self.d_model // self.heads
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -57,8 +64,10 @@ def make_config(arch: str, vocab_size: int, pad: int = 0, **overrides) -> ModelC
         raise NmtError(f"unknown --arch {arch!r} (choose from {', '.join(PRESETS)})")
     config = ModelConfig(vocab_size=vocab_size, pad=pad, **PRESETS[arch])
     config = replace(config, **{k: v for k, v in overrides.items() if v is not None})
-    if config.d_model % config.heads:
-        raise NmtError(f"--d-model {config.d_model} is not divisible by --heads {config.heads}")
+    if config.head_dim is None and config.d_model % config.heads:
+        raise NmtError(f"--d-model {config.d_model} is not divisible by --heads {config.heads} (or give --head-dim)")
+    if config.head_dim is not None and config.head_dim < 1:
+        raise NmtError(f"--head-dim must be at least 1 (got {config.head_dim})")
     return config
 
 
@@ -119,13 +128,15 @@ class Linear(nn.Linear):
 
 
 class MultiHeadAttention(nn.Module):
-    """MultiHead(Q, K, V) = Concat(head_1..h) W^O (section 3.2.2), via scaled_dot_product_attention."""
+    """MultiHead(Q, K, V) = Concat(head_1..h) W^O (section 3.2.2), via scaled_dot_product_attention; heads of
+    `head_dim` (d_k = d_v, default d_model / heads)."""
 
-    def __init__(self, d_model: int, heads: int, dropout: float) -> None:
+    def __init__(self, d_model: int, heads: int, dropout: float, head_dim: int | None = None) -> None:
         super().__init__()
-        self.heads, self.dk, self.dropout = heads, d_model // heads, dropout
-        self.in_proj = Linear(d_model, 3 * d_model)  # W^Q, W^K, W^V stacked
-        self.out_proj = Linear(d_model, d_model)
+        self.heads, self.dk, self.dropout = heads, head_dim or d_model // heads, dropout
+        inner = heads * self.dk
+        self.in_proj = Linear(d_model, 3 * inner)  # W^Q, W^K, W^V stacked
+        self.out_proj = Linear(inner, d_model)
         self.packed_q: PackedWeight | None = None  # W^Q alone (cross-attention), see Transformer.pack_weights
         self.packed_kv: PackedWeight | None = None  # W^K and W^V together
         self.record: list[Tensor] | None = None  # set by attention.record_attention: weights are appended here
@@ -212,7 +223,7 @@ class SublayerConnection(nn.Module):
 class EncoderLayer(nn.Module):
     def __init__(self, c: ModelConfig) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(c.d_model, c.heads, c.attention_dropout)
+        self.self_attn = MultiHeadAttention(c.d_model, c.heads, c.attention_dropout, c.dk)
         self.feed_forward = PositionwiseFeedForward(c.d_model, c.ffn, c.activation_dropout)
         self.sublayer = nn.ModuleList(SublayerConnection(c.d_model, c.dropout, c.pre_norm) for _ in range(2))
 
@@ -364,8 +375,8 @@ class KVCache:
 class DecoderLayer(nn.Module):
     def __init__(self, c: ModelConfig) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(c.d_model, c.heads, c.attention_dropout)
-        self.cross_attn = MultiHeadAttention(c.d_model, c.heads, c.attention_dropout)
+        self.self_attn = MultiHeadAttention(c.d_model, c.heads, c.attention_dropout, c.dk)
+        self.cross_attn = MultiHeadAttention(c.d_model, c.heads, c.attention_dropout, c.dk)
         self.feed_forward = PositionwiseFeedForward(c.d_model, c.ffn, c.activation_dropout)
         self.sublayer = nn.ModuleList(SublayerConnection(c.d_model, c.dropout, c.pre_norm) for _ in range(3))
 
@@ -424,7 +435,9 @@ class Transformer(nn.Module):
         c = self.config = config
         self.embed = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad)
         self.packed_output: PackedWeight | None = None  # the embedding matrix as the output layer's weight
+        # Sinusoids (section 3.5), or learned position embeddings (Table 3 row E: "nearly identical results").
         self.register_buffer("positions", sinusoidal_positions(c.max_positions, c.d_model), persistent=False)
+        self.position_embed = nn.Parameter(torch.empty(c.max_positions, c.d_model)) if c.learned_positions else None
         self.encoder = nn.ModuleList(EncoderLayer(c) for _ in range(c.layers))
         self.decoder = nn.ModuleList(DecoderLayer(c) for _ in range(c.layers))
         # Pre-norm stacks end in a LayerNorm of their own; post-norm ones are already normalized.
@@ -441,6 +454,8 @@ class Transformer(nn.Module):
         nn.init.normal_(self.embed.weight, mean=0.0, std=self.config.d_model**-0.5)
         with torch.no_grad():
             self.embed.weight[self.config.pad].zero_()
+        if self.position_embed is not None:  # as fairseq's learned positions: N(0, d^-1/2)
+            nn.init.normal_(self.position_embed, mean=0.0, std=self.config.d_model**-0.5)
 
     def pack_weights(self) -> Transformer:
         """Keep oneDNN's packed copies of the weights for CPU inference products (`ops.PackedWeight`: 5-10%
@@ -471,7 +486,8 @@ class Transformer(nn.Module):
         length = tokens.shape[1]
         if offset + length > c.max_positions:
             raise NmtError(f"sequence of {offset + length} tokens exceeds the model's {c.max_positions} positions")
-        x = self.embed(tokens) * math.sqrt(c.d_model) + self.positions[offset : offset + length]
+        positions = self.position_embed if self.position_embed is not None else self.positions
+        x = self.embed(tokens) * math.sqrt(c.d_model) + positions[offset : offset + length]
         return dropout(x, c.dropout, self.training)
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
@@ -512,8 +528,7 @@ class Transformer(nn.Module):
         c = self.config
         # Keys and values are stored in the dtype attention computes in, so no step converts them again.
         dtype = attention_dtype(memory)
-        cache = KVCache(memory.shape[0], beam, c.layers, c.heads, max_len, c.d_model // c.heads, dtype,
-                        memory.device, pool)
+        cache = KVCache(memory.shape[0], beam, c.layers, c.heads, max_len, c.dk, dtype, memory.device, pool)
         memory_kv = [(k.to(dtype), v.to(dtype)) for k, v in self.memory_kv(memory)]
         return DecoderState(memory_kv, src_mask, cache)
 

@@ -31,7 +31,16 @@ from . import text
 from .bpe import learn_bpe_codes
 from .data import BinarizedWriter, token_dtype
 from .errors import NmtError
-from .segment import CHARACTER_COVERAGE, SPM_TYPES, TOKENIZERS, SentencePiece, has_han, is_cjk, train_sentencepiece
+from .segment import (
+    CHARACTER_COVERAGE,
+    SPM_TYPES,
+    TOKENIZERS,
+    SentencePiece,
+    has_han,
+    is_cjk,
+    plain_spaces,
+    train_sentencepiece,
+)
 from .textio import file_sha256, iter_lines, publish_directory, staging_directory
 from .vocab import Vocabulary
 from .workers import ordered_map
@@ -143,7 +152,7 @@ def _preprocess(line: str, lang: str) -> str:
     if _worker["normalize"]:
         line = text.normalize_punctuation(line, lang)
     if _worker.get("tokenizer") == "sentencepiece":  # SentencePiece reads raw text
-        return line if line.strip() else ""
+        return plain_spaces(line) if line.strip() else ""
     return text.tokenize(line, lang) if line.strip() else ""
 
 
@@ -383,7 +392,8 @@ def _model_preprocessing(opts: PrepareOptions) -> tuple[PrepareOptions, tuple[st
         if not state.get("sentencepiece"):
             raise NmtError(f"{opts.from_model}: checkpoint lacks sentencepiece (its tokenizer's model)")
         opts = replace(opts, spm_type=tokenizer.get("model_type", opts.spm_type),
-                       vocab_size=tokenizer.get("vocab_size", opts.vocab_size))
+                       vocab_size=tokenizer.get("vocab_size", opts.vocab_size),
+                       spm_sample=tokenizer.get("sample", opts.spm_sample))
         return opts, (None, state["sentencepiece"], Vocabulary(state["vocab"]))
     return opts, (state["bpe_codes"], None, Vocabulary(state["vocab"]))
 

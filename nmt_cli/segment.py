@@ -18,6 +18,15 @@ TOKENIZERS = ("moses", "sentencepiece")
 SPM_TYPES = ("unigram", "bpe")
 # SentencePiece's recommendation for languages with rich character sets (CJK); 1.0 for the others.
 CHARACTER_COVERAGE = 0.9995
+# Every character Python's str.split() splits on (NBSP, the ideographic space U+3000, U+2028, ...).
+_SPACES = re.compile(r"\s")
+
+
+def plain_spaces(line: str) -> str:
+    """`line` with every Unicode space or separator as an ASCII space. SentencePiece sees text this way both
+    when it learns and when it segments, so none of its pieces holds a character that splitting a line of
+    pieces on whitespace (as the vocabulary and the binarizer do) would cut."""
+    return _SPACES.sub(" ", line)
 
 
 class Segmenter:
@@ -83,7 +92,7 @@ class SentencePiece(Segmenter):
             raise NmtError(f"not a SentencePiece model ({one_line(e)})") from None
 
     def _segment(self, line: str, lang: str) -> str:
-        return " ".join(self.processor.encode(line, out_type=str))
+        return " ".join(self.processor.encode(plain_spaces(line), out_type=str))
 
     def desegment(self, pieces: str, lang: str) -> str:
         return self.processor.decode(pieces.split())

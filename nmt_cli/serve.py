@@ -47,8 +47,8 @@ class ServeLimits:
     max_work: int = 64 * 4 * 1024  # decoder tokens per request: the defaults' largest request at any length
     cache_mb: float = 256.0  # decoder cache kept between requests, at most
     # Freed memory glibc keeps is handed back to the kernel when the queue empties (at most once a second) and at
-    # least every `trim_seconds` under constant load (0: never): without it the process grew by a gigabyte in a
-    # soak, mostly freed decoder tensors (docs/benchmarks.md, "Serving soak").
+    # least every `trim_seconds` under constant load (0: never): without it the process held 0.6 GB more at the
+    # end of a 10-minute soak (2.6 vs 2.0 GB), at the same latency (docs/benchmarks.md, "Serving soak").
     trim_seconds: float = 5.0
     shutdown_seconds: float = 30.0  # after SIGTERM, how long queued work may take before the server exits
 
@@ -147,7 +147,8 @@ class Batcher:
             sentences = [s for job in batch for s in job.sentences]
             options = dict(batch[0].options)
             try:
-                results, truncated = await loop.run_in_executor(self._executor, self._translate, sentences, options)
+                results, truncated, alignments = await loop.run_in_executor(self._executor, self._translate,
+                                                                             sentences, options)
             except Exception as e:  # bad options reach here as NmtError; anything else is the server's fault
                 for job in batch:
                     if not job.future.done():
@@ -158,7 +159,8 @@ class Batcher:
                     warnings = [f"text[{line - start - 1}]: {tokens} tokens exceed the model's {limit}; translated "
                                 "truncated" for line, tokens in truncated if start < line <= start + job.size]
                     if not job.future.done():
-                        job.future.set_result((results[start : start + job.size], warnings))
+                        job.future.set_result((results[start : start + job.size], warnings,
+                                               alignments[start : start + job.size] if alignments else None))
                     start += job.size
                 self.translated_sentences += len(sentences)
                 self.batches += 1
@@ -182,17 +184,28 @@ class Batcher:
             except asyncio.TimeoutError:
                 return
 
-    def _translate(self, sentences: list[str], options: dict) -> tuple[list[list[tuple[str, float]]], list]:
-        """n-best (translation, score) lists of a batch, and its truncated lines (line in the batch, tokens);
-        the translator's warning lists are emptied each batch, so a server running for weeks keeps none."""
+    def _translate(self, sentences: list[str],
+                   options: dict) -> tuple[list[list[tuple[str, float]]], list, list[str] | None]:
+        """n-best (translation, score) lists of a batch, its truncated lines (line in the batch, tokens), and
+        its word alignments when asked for; the translator's warning lists are emptied each batch, so a server
+        running for weeks keeps none."""
         start = time.perf_counter()
         tokens_before = self.translator.generated_tokens
         self.translator.warnings.clear()
         self.translator.truncated.clear()
+        options = dict(options)
+        aligning = options.pop("alignments", False)
         try:
+            ids: list | None = [] if aligning else None
             results = self.translator.translate_nbest(sentences, batch_size=self.limits.max_batch,
-                                                      max_tokens=self.limits.max_tokens, **options)
-            return results, list(self.translator.truncated)
+                                                      max_tokens=self.limits.max_tokens, ids_out=ids, **options)
+            alignments = None
+            if aligning:
+                from .attention import format_alignments
+
+                pairs = self.translator.align(sentences, [r[0][0] for r in results], ids)  # type: ignore[attr-defined]
+                alignments = [format_alignments(p) for p in pairs]
+            return results, list(self.translator.truncated), alignments
         finally:
             self.translator.warnings.clear()
             self.translator.truncated.clear()
@@ -206,8 +219,9 @@ class Batcher:
 
 
 OPTIONS = {"beam": int, "lenpen": (int, float), "greedy": bool, "max_len_a": (int, float), "max_len_b": int,
-           "nbest": int}
-DEFAULTS = {"beam": 4, "lenpen": 0.6, "greedy": False, "max_len_a": 1.0, "max_len_b": 50, "nbest": 1}
+           "nbest": int, "alignments": bool}
+DEFAULTS = {"beam": 4, "lenpen": 0.6, "greedy": False, "max_len_a": 1.0, "max_len_b": 50, "nbest": 1,
+            "alignments": False}
 RANGES = {"beam": (1, 64), "nbest": (1, 64), "lenpen": (0, 100), "max_len_a": (0, 100), "max_len_b": (0, 100_000)}
 FLAGS = {"return_scores": bool}  # shape the answer only: requests with other values still share a batch
 
@@ -222,8 +236,10 @@ class ParsedRequest:
     return_scores: bool
 
 
-def parse_request(body: bytes, limits: ServeLimits, max_positions: int = 1024) -> ParsedRequest:
-    """The sentences and search options of a POST /translate body; HTTPError on anything else."""
+def parse_request(body: bytes, limits: ServeLimits, max_positions: int = 1024,
+                  can_align: bool = True) -> ParsedRequest:
+    """The sentences and search options of a POST /translate body; HTTPError on anything else. `can_align`:
+    whether the engine can give word alignments."""
     try:
         payload = json.loads(body.decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -272,6 +288,10 @@ def parse_request(body: bytes, limits: ServeLimits, max_positions: int = 1024) -
                                      options["max_len_b"], 1, None, options["greedy"], options["nbest"])
     except NmtError as e:
         raise HTTPError(422, str(e).replace("--", "").replace("-", "_")) from None
+    if options["alignments"] and options["nbest"] > 1:
+        raise HTTPError(422, "\"alignments\" are given for the best translation only: drop \"nbest\"")
+    if options["alignments"] and not can_align:
+        raise HTTPError(422, "\"alignments\" read nmt's own attention: this server runs CTranslate2")
     work = decoder_work(text, options, max_positions)
     if work > limits.max_work:
         raise HTTPError(413, f"the request may decode {work:,} tokens (sentences x beam x length limit); at most "
@@ -398,9 +418,11 @@ async def read_body(request: Any, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def answer(results: list[list[tuple[str, float]]], request: ParsedRequest, nbest: int, warnings: list[str]) -> dict:
+def answer(results: list[list[tuple[str, float]]], request: ParsedRequest, nbest: int, warnings: list[str],
+           alignments: list[str] | None = None) -> dict:
     """The response body: the translations (a list, or one string for a single "text" string; n-best lists
-    when nbest > 1), their scores on request, and the request's warnings."""
+    when nbest > 1), their scores and word alignments ("i-j ..." strings) on request, and the request's
+    warnings."""
     def shape(items: list) -> Any:
         return items[0] if request.single else items
 
@@ -412,6 +434,8 @@ def answer(results: list[list[tuple[str, float]]], request: ParsedRequest, nbest
         scores = shape([[score for _, score in r] for r in results])
     if request.return_scores:
         body["scores"] = scores
+    if alignments is not None:
+        body["alignments"] = shape(alignments)
     if warnings:
         body["warnings"] = warnings
     return body
@@ -487,7 +511,8 @@ def create_app(translator: TextTranslator, limits: ServeLimits = ServeLimits(), 
         if denied is not None:
             return denied, 0
         try:
-            parsed = parse_request(await read_body(request, body_limit), limits, translator.max_positions)
+            parsed = parse_request(await read_body(request, body_limit), limits, translator.max_positions,
+                                   hasattr(translator, "align"))
         except HTTPError as e:
             return error(e.status, e.message), 0
         batcher: Batcher = state["batcher"]
@@ -505,12 +530,12 @@ def create_app(translator: TextTranslator, limits: ServeLimits = ServeLimits(), 
             batcher.cancel(job)
             return error(499, "client closed the request"), 0
         try:
-            results, warnings = job.future.result()
+            results, warnings, alignments = job.future.result()
         except NmtError as e:
             return error(422, str(e)), 0
         except Exception as e:  # noqa: BLE001 - one failed batch must not stop the server
             return error(500, f"translation failed: {type(e).__name__}: {e}"), 0
-        return answer(results, parsed, dict(parsed.options)["nbest"], warnings), len(parsed.sentences)
+        return answer(results, parsed, dict(parsed.options)["nbest"], warnings, alignments), len(parsed.sentences)
 
     @app.exception_handler(404)
     async def not_found(request: Request, exc: Exception) -> JSONResponse:

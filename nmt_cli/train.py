@@ -96,7 +96,7 @@ def check_options(opts: TrainOptions) -> None:
         ("--clip-norm", opts.clip_norm, opts.clip_norm >= 0, "0 (off) or more"),
         ("--log-interval", opts.log_interval, opts.log_interval >= 1, "at least 1"),
     ]
-    for name in ("layers", "d_model", "ffn", "heads"):
+    for name in ("layers", "d_model", "ffn", "heads", "head_dim"):
         value = getattr(opts, name)
         if value is not None:
             checks.append((f"--{name.replace('_', '-')}", value, value >= 1, "at least 1"))
@@ -111,7 +111,7 @@ def check_options(opts: TrainOptions) -> None:
         raise NmtError("--cooldown needs a budget to end at: --max-updates or --max-time")
 
 
-ARCHITECTURE_FIELDS = ("layers", "d_model", "ffn", "heads", "pre_norm")
+ARCHITECTURE_FIELDS = ("layers", "d_model", "ffn", "heads", "pre_norm", "head_dim", "learned_positions")
 
 
 def check_architecture_flags(opts: TrainOptions, model: ModelConfig) -> None:
@@ -210,7 +210,8 @@ class Trainer:
             config = make_config(opts.arch or "base", len(data.vocab), pad=data.vocab.pad, layers=opts.layers,
                                  d_model=opts.d_model, ffn=opts.ffn, heads=opts.heads, dropout=opts.dropout,
                                  attention_dropout=opts.attention_dropout,
-                                 activation_dropout=opts.activation_dropout, pre_norm=opts.pre_norm)
+                                 activation_dropout=opts.activation_dropout, pre_norm=opts.pre_norm,
+                                 head_dim=opts.head_dim, learned_positions=opts.learned_positions)
         self.config = config
         self.save_dir = Path(opts.save_dir)
         if self.save_dir.exists() and not self.save_dir.is_dir():

@@ -21,6 +21,8 @@ class TrainOptions:
     attention_dropout: float | None = None
     activation_dropout: float | None = None
     pre_norm: bool | None = None
+    head_dim: int | None = None
+    learned_positions: bool | None = None
     max_tokens: int = 4096
     update_freq: int = 1
     max_updates: int = 0

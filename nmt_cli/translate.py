@@ -80,10 +80,10 @@ class Translator(TextTranslator):
 
     def alignment_layer(self, layer: int | None) -> int:
         """The encoder-decoder attention layer (0-based) alignments read: `layer` (1-based), or by default the
-        last (docs/design.md, "Attention and alignments")."""
+        second to last, the last for models of 1 or 2 layers (docs/design.md, "Attention and alignments")."""
         layers = self.ensemble.models[0].config.layers
         if layer is None:
-            return layers - 1
+            return layers - 2 if layers >= 3 else layers - 1
         if not 1 <= layer <= layers:
             raise NmtError(f"--alignment-layer must be between 1 and {layers}, the model's layers (got {layer})")
         return layer - 1
@@ -91,9 +91,10 @@ class Translator(TextTranslator):
     def align(self, sources: Sequence[str], outputs: Sequence[str], ids: Sequence[tuple[list[int], list[int]]],
               layer: int | None = None) -> list[list[tuple[int, int]]]:
         """Word alignments (source word, output word) of each translated sentence, from the encoder-decoder
-        attention of `layer` (1-based; default: the second to last) of the first model, with the output
-        teacher-forced; `ids` as `translate_nbest(ids_out=...)` gives them."""
-        from .attention import attention_maps, piece_words, word_alignments
+        attention of `layer` (1-based; default: `alignment_layer`) of the first model, with the output
+        teacher-forced; `ids` as `translate_nbest(ids_out=...)` gives them. A Chinese, Japanese or Thai side
+        counts characters instead of words (`attention.by_character`)."""
+        from .attention import attention_maps, by_character, piece_words, word_alignments
 
         index = self.alignment_layer(layer)
         model, symbols, vocab = self.ensemble.models[0], self.vocab.symbols, self.vocab
@@ -103,8 +104,10 @@ class Translator(TextTranslator):
                 out.append([])
                 continue
             maps = attention_maps(model, source_ids, output_ids, symbols, vocab.bos, vocab.eos)
-            source_words = piece_words([symbols[i] for i in source_ids], source, self.segmenter.surface)
-            output_words = piece_words([symbols[i] for i in output_ids], output, self.segmenter.surface)
+            source_words = piece_words([symbols[i] for i in source_ids], source, self.segmenter.surface,
+                                       by_character(self.source_lang))
+            output_words = piece_words([symbols[i] for i in output_ids], output, self.segmenter.surface,
+                                       by_character(self.target_lang))
             out.append(word_alignments(maps.weights["cross"][index], source_words, output_words))
         return out
 

@@ -102,5 +102,16 @@ wmt14-$(1): $(WMT14_EXP)/$(1)/.trained
 endif
 endef
 
+# The paper's Table 3 (recipes/variations.py): the base model with one thing changed per row, 100k updates each
+# (WMT14_UPDATES), dev = newstest2013, no averaging; WMT14_EXP/variations/variations.md is the table.
+WMT14_VARIATION_ROWS ?= A,B,C,D,E
+.PHONY: wmt14-variations
+wmt14-variations: $(WMT14_EXP)/data/meta.json
+	$(BIN)/python recipes/variations.py --data $(WMT14_EXP)/data --out $(WMT14_EXP)/variations \
+	  --base $(or $(WMT14_ARCH),base) --updates $(or $(WMT14_UPDATES),100000) --rows "$(WMT14_VARIATION_ROWS)" \
+	  --device $(WMT14_DEVICE) --precision $(WMT14_PRECISION) --launcher "$(TORCHRUN)" \
+	  --train-flags "--warmup 4000 --lr-scale 1.0 --max-tokens $(WMT14_MAX_TOKENS) \
+	  --update-freq $(WMT14_UPDATE_FREQ) --valid-interval 1000 $(WMT14_TRAIN_FLAGS)"
+
 $(eval $(call WMT14_MODEL,base,100000,5,1400))
 $(eval $(call WMT14_MODEL,big,300000,20,600))

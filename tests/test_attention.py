@@ -134,3 +134,26 @@ def test_attention_pictures_and_raw_weights(toy_model, sentences, tmp_path):
     expect_error(run_cli("attention", "W1.", "-m", toy_model, "-o", tmp_path / "c.gif"), "unknown picture format")
     expect_error(run_cli("attention", " ", "-m", toy_model, "-o", tmp_path / "c.png"), "empty")
     assert not (tmp_path / "c.png").exists() and not (tmp_path / "c.gif").exists()
+
+
+def test_serve_gives_the_alignments_translate_gives(toy_model, translator, sentences, tmp_path):
+    from nmt_cli.serve import ServeLimits
+
+    from .conftest import require_extra
+
+    require_extra("uvicorn")
+    from .test_serve import Server
+
+    (tmp_path / "in.en").write_text("\n".join(sentences[:6]) + "\n")
+    cli = run_cli("translate", "-m", toy_model, "-i", tmp_path / "in.en", "--alignments").stdout.splitlines()
+    with Server(translator, ServeLimits()) as server:
+        status, body = server.post({"text": sentences[:6], "alignments": True})
+        assert status == 200
+        assert body["translations"] == [line.split("\t")[0] for line in cli]
+        assert body["alignments"] == [line.split("\t")[1] for line in cli]
+        status, body = server.post({"text": sentences[0], "alignments": True})
+        assert status == 200 and body["alignments"] == cli[0].split("\t")[1]
+        status, body = server.post({"text": sentences[:2]})
+        assert status == 200 and "alignments" not in body
+        status, body = server.post({"text": sentences[:2], "alignments": True, "nbest": 2})
+        assert status == 422 and "nbest" in body["error"]

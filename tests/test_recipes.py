@@ -116,6 +116,25 @@ def test_wmt14_recipe_rehearsal(wmt14_archives, tmp_path_factory, model, average
     assert "tokenized" in result.stdout.lower()
 
 
+def test_wmt14_variations_rehearsal(wmt14_archives, tmp_path_factory):
+    """`make wmt14-variations` on CPU: the base and row E (learned positions) under torchrun with 2 gloo
+    processes, dev = newstest2013, the table beside the paper's numbers."""
+    exp = tmp_path_factory.getbasetemp() / "wmt14-exp"  # the rehearsal's data, prepared once
+    result = _make("wmt14-variations", f"WMT14_DATA={wmt14_archives}", "TEST_DATA=", f"WMT14_EXP={exp}",
+                   "WMT14_DEVICE=cpu", "GPUS=2", "WMT14_ARCH=tiny", "WMT14_UPDATES=3", "WMT14_BPE=400",
+                   "WMT14_MAX_TOKENS=1024", f"WMT14_TEST_LINES={WMT14_TEST_LINES}", "WMT14_VARIATION_ROWS=E",
+                   "WMT14_TRAIN_FLAGS=--quiet")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = json.loads((exp / "variations" / "variations.json").read_text())
+    assert [r["row"]["group"] for r in rows] == ["base", "E"] and rows[1]["config"]["learned_positions"] is True
+    row_dir = exp / "variations" / rows[1]["row"]["name"]
+    log = [json.loads(x) for x in (row_dir / "train.jsonl").read_text().splitlines()]
+    assert log[0]["world_size"] == 2 and log[-1]["updates"] == 3
+    table = (exp / "variations" / "variations.md").read_text()
+    assert "4.92, 25.8, 65" in table and "4.92, 25.7" in table  # the paper's base and row E beside ours
+    assert (exp / "variations" / "variations.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_wmt14_recipe_on_two_nodes(wmt14_archives, tmp_path):
     """`make wmt14-base NNODES=2`, the two nodes' make processes started side by side on loopback with one shared
     WMT14_EXP: node 0 alone prepares the data, averages, translates and scores; node 1 waits for the data, trains

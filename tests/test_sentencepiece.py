@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from nmt_cli.checkpoint import load_checkpoint, save_checkpoint
 from nmt_cli.data import DataDir
@@ -19,7 +20,7 @@ from nmt_cli.prepare import PrepareOptions, prepare
 from nmt_cli.score import default_tokenize, score
 from nmt_cli.segment import SentencePiece, train_sentencepiece
 
-from .conftest import REPO, expect_error, require_extra, run_cli, shared_data
+from .conftest import REPO, expect_error, require_extra, run_cli, shared_data, threshold
 
 sys.path.insert(0, str(REPO / "recipes"))
 from tatoeba_split import read_pairs, split  # noqa: E402
@@ -75,6 +76,13 @@ def test_sentencepiece_round_trip_on_real_chinese_and_german(tatoeba, tmp_path):
         assert segmenter.desegment(pieces, "zh") == line
     # a character never seen in training comes back through byte pieces
     assert segmenter.desegment(segmenter.segment("龘 and 🦜", "zh"), "zh") == "龘 and 🦜"
+    # Unicode spaces (NBSP, the ideographic space, a line separator) become plain spaces: no piece holds one, so
+    # splitting a line of pieces on whitespace gives back the pieces SentencePiece made
+    symbols = set(segmenter.symbols())
+    for line in ("东京\u3000大阪", "10\u00a0km", "a\u2028b"):
+        pieces = segmenter.segment(line, "zh").split()
+        assert pieces == segmenter.processor.encode(" ".join(line.split()), out_type=str)
+        assert all(p in symbols for p in pieces)
 
 
 def test_prepare_with_sentencepiece_uses_its_vocabulary_and_ids(spm_data, tatoeba):
@@ -247,3 +255,92 @@ def test_tatoeba_split_is_deterministic_and_keeps_test_sentences_out_of_training
     assert not any(en in valid_sides or zh in valid_sides for en, zh, _ in first["test"])
     assert record["train"] + record["valid"] + record["test"] + record["duplicate_pairs"] + \
         record["dropped_sharing_a_sentence_with_valid_or_test"] == record["input_pairs"] == len(pairs)
+
+
+def test_attention_and_alignments_of_a_sentencepiece_model(spm_model, spm_data, tmp_path):
+    """nmt attention and --alignments work with SentencePiece pieces; Chinese is aligned by character."""
+    sources = (spm_data / "valid.raw.zh").read_text(encoding="utf-8").splitlines()[:8]
+    result = run_cli("attention", sources[0], "-m", spm_model, "-o", tmp_path / "a.svg", "--json", tmp_path / "a.json")
+    assert result.exit_code == 0, result.output
+    raw = json.loads((tmp_path / "a.json").read_text())
+    assert raw["source"][-1] == "</s>" and any(p.startswith("\u2581") for p in raw["source"] + raw["target_out"])
+    (tmp_path / "in.zh").write_text("\n".join(sources) + "\n", encoding="utf-8")
+    result = run_cli("translate", "-m", spm_model, "-i", tmp_path / "in.zh", "--alignments", "--greedy")
+    assert result.exit_code == 0, result.output
+    for line, source in zip(result.stdout.splitlines(), sources):
+        text, pairs = line.split("\t")
+        characters = len("".join(source.split()))
+        for pair in pairs.split():
+            i, j = map(int, pair.split("-"))
+            assert 0 <= i < characters and 0 <= j < len(text.split())
+    from nmt_cli.attention import piece_words
+
+    surface = DataDir.open(spm_data).segmenter().surface
+    assert piece_words(["\u2581我们", "去", "公园", "。"], "我们去公园。", surface, characters=True) == [0, 2, 3, 5]
+    assert piece_words(["\u2581我们", "去", "公园", "。"], "我们去公园。", surface) == [0, 0, 0, 0]
+
+
+def test_transformers_export_is_the_same_model(spm_model, spm_data, tmp_path):
+    """`nmt export transformers` (Marian): the tokenizer gives nmt's ids, teacher-forced log-probabilities equal
+    nmt's within 1e-4, and greedy generation gives nmt's greedy output."""
+    transformers = require_extra("transformers")
+    from nmt_cli.hf import export_transformers
+    from nmt_cli.translate import Translator
+
+    folder = export_transformers(spm_model, tmp_path / "hf")
+    assert (folder / "README.md").read_text().startswith("---\nlanguage:\n- zh\n- en")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
+    assert type(model).__name__ == "MarianMTModel" and "Marian" in type(tokenizer).__name__
+    nmt = Translator.from_checkpoint(spm_model)
+    vocab, net = nmt.vocab, nmt.ensemble.models[0]
+    sources = (spm_data / "valid.raw.zh").read_text(encoding="utf-8").splitlines()[:60]
+    refs = (spm_data / "valid.raw.en").read_text(encoding="utf-8").splitlines()[:60]
+    ids = nmt.encode(sources)
+    assert [tokenizer(s)["input_ids"] for s in sources] == [x + [vocab.eos] for x in ids]
+    worst = 0.0
+    for source, ref in zip(ids[:30], refs[:30]):
+        target = vocab.encode(nmt.segmenter.segment(ref, "en"))
+        src, prev = torch.tensor([source + [vocab.eos]]), torch.tensor([[vocab.bos] + target])
+        with torch.no_grad():
+            ours = torch.log_softmax(net.logits(net(src, prev)).float(), -1)
+            theirs = torch.log_softmax(model(input_ids=src, decoder_input_ids=prev).logits.float(), -1)
+        gold = torch.tensor(target + [vocab.eos])
+        worst = max(worst, (ours[0, range(len(gold)), gold] - theirs[0, range(len(gold)), gold]).abs().max().item())
+    threshold("largest log-probability difference, nmt vs Transformers", worst, high=1e-4)
+    greedy = nmt.translate(sources, greedy=True)
+    same = 0
+    for source, expected in zip(ids, greedy):
+        limit = nmt.max_output_tokens(len(source), 1.0, 50)
+        out = model.generate(torch.tensor([source + [vocab.eos]]), num_beams=1, do_sample=False,
+                             max_new_tokens=limit + 1)
+        same += tokenizer.decode(out[0], skip_special_tokens=True).strip() == expected.strip()
+    threshold("greedy lines equal to nmt's (of 60)", same, low=59)
+    expect_error(run_cli("export", "transformers", "-m", spm_model, "-o", folder), "already exists")
+
+
+def test_transformers_export_refuses_what_marian_cannot_hold(toy_model, tmp_path):
+    require_extra("transformers")
+    expect_error(run_cli("export", "transformers", "-m", toy_model, "-o", tmp_path / "hf"),
+                 "trained with Moses + BPE", "FSMT export")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_marian_layout_and_what_it_cannot_hold():
+    """Marian's positions are nmt's sinusoids with the sines first; pre-norm, learned positions and narrow
+    heads are refused with one line."""
+    from nmt_cli.hf import marian_permutation, marian_state_dict
+    from nmt_cli.model import Transformer, make_config, sinusoidal_positions
+
+    d, positions = 8, torch.arange(10, dtype=torch.float32)[:, None]
+    marian = sinusoidal_positions(10, d)[:, marian_permutation(d)]
+    frequencies = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
+    torch.testing.assert_close(marian[:, : d // 2], torch.sin(positions * frequencies))
+    torch.testing.assert_close(marian[:, d // 2 :], torch.cos(positions * frequencies))
+    symbols = ["<pad>", "<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(26)]
+    for overrides, why in ((dict(pre_norm=True), "pre-norm"), (dict(learned_positions=True), "learned positions"),
+                           (dict(heads=2, head_dim=8), "do not make up d_model")):
+        model = Transformer(make_config("tiny", len(symbols), **overrides))
+        state = {"model": model.state_dict(), "config": model.config.to_dict(), "vocab": symbols}
+        with pytest.raises(NmtError, match=why):
+            marian_state_dict(state)

@@ -402,3 +402,23 @@ def _listening(port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+def test_freed_heap_is_handed_back_between_batches(translator, sentences, monkeypatch):
+    """After a batch, with the queue empty, the server trims glibc's heap (at most once a second)."""
+    import nmt_cli.serve as serve_module
+    from nmt_cli.hardware import release_free_heap
+
+    assert release_free_heap() in (True, False)  # callable here (glibc) or a no-op elsewhere
+    calls = []
+    monkeypatch.setattr(serve_module, "release_free_heap", lambda: calls.append(time.monotonic()))
+    with Server(translator, ServeLimits(trim_seconds=5.0)) as server:
+        for i in range(3):
+            assert server.post({"text": sentences[i : i + 2]})[0] == 200
+            time.sleep(0.6)
+    assert 1 <= len(calls) <= 2  # three idle moments within ~2 seconds: at most one trim a second
+    assert all(b - a >= 1 for a, b in zip(calls, calls[1:]))
+    calls.clear()
+    with Server(translator, ServeLimits(trim_seconds=0)) as server:
+        assert server.post({"text": sentences[:2]})[0] == 200
+    assert not calls

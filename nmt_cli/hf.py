@@ -1,0 +1,189 @@
+"""`nmt export transformers`: a trained model as a Hugging Face Transformers folder that
+`AutoModelForSeq2SeqLM.from_pretrained` and `AutoTokenizer.from_pretrained` load without custom code.
+
+A model trained with `--tokenizer sentencepiece` becomes a Marian model (`MarianMTModel` + `MarianTokenizer`,
+the format of the OPUS-MT models). The two architectures are the same post-norm Transformer (ReLU, LayerNorm
+eps 1e-5, embeddings x sqrt(d_model), one shared embedding matrix for source, target and output, no output
+bias) except for one thing: the paper interleaves its sinusoids (sin in even, cos in odd dimensions, section
+3.5) and Marian puts all the sines first. LayerNorm, the residual stream and the dot products are all
+unchanged by a fixed permutation of the model dimension, so the export permutes it: every weight that writes
+into the d_model-wide stream has its rows permuted, every one that reads from it its columns. The output is
+then the same function, not an approximation (tests/test_sentencepiece.py checks the per-token
+log-probabilities). What Marian cannot hold (pre-norm, learned positions, heads that do not make up d_model)
+is refused with one line.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .checkpoint import load_checkpoint, model_from_checkpoint, require_keys
+from .errors import NmtError
+from .textio import publish_directory, staging_directory
+
+INSTALL_HINT = ("nmt export transformers needs Hugging Face Transformers; install it with: pip install "
+                "'nmt-cli[hf]' (or pip install transformers)")
+
+
+def marian_permutation(d_model: int) -> torch.Tensor:
+    """Marian's dimension i is nmt's perm[i]: the paper's sines (even dimensions), then its cosines (odd)."""
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
+def marian_state_dict(state: dict) -> tuple[dict, dict]:
+    """(MarianConfig keyword arguments, MarianMTModel state dict) of an nmt checkpoint's model."""
+    model, vocab = model_from_checkpoint(state)
+    c = model.config
+    why = ("pre-norm layers (Marian's are post-norm)" if c.pre_norm else
+           "learned positions (Marian's are sinusoids)" if c.learned_positions else
+           f"heads of {c.dk} x {c.heads} that do not make up d_model {c.d_model}" if c.dk * c.heads != c.d_model else
+           f"an odd d_model ({c.d_model})" if c.d_model % 2 else None)
+    if why:
+        raise NmtError(f"the model has {why}: a Marian model cannot hold it exactly")
+    d, perm = c.d_model, marian_permutation(c.d_model)
+    w = {k: v.detach().float() for k, v in model.state_dict().items()}
+    out: dict[str, torch.Tensor] = {}
+
+    def reads(name: str) -> torch.Tensor:  # a weight that reads the model-dimension stream: permute its columns
+        return w[name][:, perm].contiguous()
+
+    def writes(name: str) -> torch.Tensor:  # writes into it: permute its rows (biases and LayerNorms likewise)
+        return w[name][perm].contiguous()
+
+    def attention(prefix: str, source: str) -> None:
+        weight, bias = w[f"{source}.in_proj.weight"], w[f"{source}.in_proj.bias"]
+        for k, name in enumerate(("q_proj", "k_proj", "v_proj")):
+            out[f"{prefix}.{name}.weight"] = weight[k * d : (k + 1) * d][:, perm].contiguous()
+            out[f"{prefix}.{name}.bias"] = bias[k * d : (k + 1) * d].clone()
+        out[f"{prefix}.out_proj.weight"] = writes(f"{source}.out_proj.weight")
+        out[f"{prefix}.out_proj.bias"] = writes(f"{source}.out_proj.bias")
+
+    def norm(target: str, source: str) -> None:
+        out[f"{target}.weight"], out[f"{target}.bias"] = writes(f"{source}.weight"), writes(f"{source}.bias")
+
+    def feed_forward(prefix: str, source: str) -> None:
+        out[f"{prefix}.fc1.weight"], out[f"{prefix}.fc1.bias"] = reads(f"{source}.w1.weight"), w[f"{source}.w1.bias"]
+        out[f"{prefix}.fc2.weight"], out[f"{prefix}.fc2.bias"] = writes(f"{source}.w2.weight"), writes(
+            f"{source}.w2.bias")
+
+    embed = reads("embed.weight")
+    for name in ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
+                 "lm_head.weight"):
+        out[name] = embed
+    for i in range(c.layers):
+        e, p = f"model.encoder.layers.{i}", f"encoder.{i}"
+        attention(f"{e}.self_attn", f"{p}.self_attn")
+        norm(f"{e}.self_attn_layer_norm", f"{p}.sublayer.0.norm")
+        feed_forward(e, f"{p}.feed_forward")
+        norm(f"{e}.final_layer_norm", f"{p}.sublayer.1.norm")
+        e, p = f"model.decoder.layers.{i}", f"decoder.{i}"
+        attention(f"{e}.self_attn", f"{p}.self_attn")
+        norm(f"{e}.self_attn_layer_norm", f"{p}.sublayer.0.norm")
+        attention(f"{e}.encoder_attn", f"{p}.cross_attn")
+        norm(f"{e}.encoder_attn_layer_norm", f"{p}.sublayer.1.norm")
+        feed_forward(e, f"{p}.feed_forward")
+        norm(f"{e}.final_layer_norm", f"{p}.sublayer.2.norm")
+    out["final_logits_bias"] = torch.zeros(1, len(vocab))
+    config = dict(
+        vocab_size=len(vocab), decoder_vocab_size=len(vocab), d_model=d, encoder_layers=c.layers,
+        decoder_layers=c.layers, encoder_ffn_dim=c.ffn, decoder_ffn_dim=c.ffn, encoder_attention_heads=c.heads,
+        decoder_attention_heads=c.heads, max_position_embeddings=c.max_positions, activation_function="relu",
+        dropout=c.dropout, attention_dropout=c.attention_dropout, activation_dropout=c.activation_dropout,
+        scale_embedding=True, pad_token_id=vocab.pad, bos_token_id=vocab.bos, eos_token_id=vocab.eos,
+        forced_eos_token_id=vocab.eos, decoder_start_token_id=vocab.bos, share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True)
+    return config, out
+
+
+def model_card(state: dict, checkpoint: str | Path) -> str:
+    """README.md of the exported folder: what the model is, what it was made from, how to use it."""
+    from . import __version__
+
+    c, src, tgt = state["config"], state["source_lang"], state["target_lang"]
+    tokenizer = state.get("tokenizer") or {}
+    averaged = state.get("averaged_from") or []
+    made = f"{state.get('updates', 0):,} updates"
+    if averaged:
+        made += f", the average of {len(averaged)} checkpoints"
+    return f"""---
+language:
+- {src}
+- {tgt}
+tags:
+- translation
+- marian
+- nmt-cli
+license:  # left for you to choose: the licence of the training data applies
+---
+
+# {src} -> {tgt} Transformer, exported from nmt
+
+- Model: {c['layers']} + {c['layers']} layers, d_model {c['d_model']}, d_ff {c['ffn']}, {c['heads']} heads,
+  post-norm, sinusoidal positions, shared embeddings ({len(state['vocab']):,} SentencePiece
+  {tokenizer.get('model_type', 'unigram')} pieces for both languages); {made}.
+- Made by nmt {__version__} (the Transformer of "Attention Is All You Need"): `nmt export transformers -m
+  {Path(checkpoint).name}`. The data and the training command are those of the run that wrote the checkpoint
+  (its save dir's `options.json` and `train.jsonl`); the checkpoint holds no score: score the model with
+  `nmt score` on your test set and write the figure and its sacreBLEU signature here.
+
+```python
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+tokenizer = AutoTokenizer.from_pretrained("THIS_FOLDER")
+model = AutoModelForSeq2SeqLM.from_pretrained("THIS_FOLDER")
+batch = tokenizer(["..."], return_tensors="pt", padding=True)
+print(tokenizer.batch_decode(model.generate(**batch, num_beams=4), skip_special_tokens=True))
+```
+
+Per-token probabilities and greedy output are nmt's. With a beam, Transformers divides a hypothesis's score by
+length^alpha and nmt by GNMT's ((5 + length) / 6)^alpha, so a few outputs may differ from `nmt translate`'s.
+"""
+
+
+def export_transformers(checkpoint: str | Path, out: str | Path, force: bool = False) -> Path:
+    """Write an nmt checkpoint as a Transformers folder (Marian, for SentencePiece models); returns it."""
+    try:
+        from transformers import MarianConfig, MarianMTModel
+    except ImportError:
+        raise NmtError(INSTALL_HINT) from None
+    out = Path(out)
+    if out.exists() and not force:
+        raise NmtError(f"{out}: already exists (use --force to replace it)")
+    state = require_keys(load_checkpoint(checkpoint), checkpoint)
+    if (state.get("tokenizer") or {}).get("name") != "sentencepiece":
+        raise NmtError(f"{checkpoint}: trained with Moses + BPE; only models prepared with --tokenizer sentencepiece "
+                       "export to Transformers (as Marian) so far: the FSMT export for Moses + BPE models is not "
+                       "built yet")
+    if not state.get("sentencepiece"):
+        raise NmtError(f"{checkpoint}: checkpoint lacks sentencepiece (its tokenizer's model)")
+    try:
+        config_args, weights = marian_state_dict(state)
+    except NmtError as e:
+        raise NmtError(f"{checkpoint}: {e}") from None
+    model = MarianMTModel(MarianConfig(**config_args))
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    missing = [k for k in missing if "embed_positions" not in k]
+    if missing or unexpected:  # a Transformers release whose Marian names its weights otherwise
+        raise NmtError(f"this Transformers' Marian model does not match the export (missing {missing[:3]}, "
+                       f"unexpected {unexpected[:3]})")
+    model.generation_config.num_beams = 4
+    model.generation_config.max_length = min(512, state["config"]["max_positions"])
+    with staging_directory(out) as staging:
+        folder = staging / "model"
+        model.save_pretrained(folder)
+        for name in ("source.spm", "target.spm"):
+            (folder / name).write_bytes(state["sentencepiece"])
+        (folder / "vocab.json").write_text(json.dumps({s: i for i, s in enumerate(state["vocab"])},
+                                                      ensure_ascii=False), encoding="utf-8")
+        tokenizer_config = {"tokenizer_class": "MarianTokenizer", "source_lang": state["source_lang"],
+                            "target_lang": state["target_lang"], "separate_vocabs": False, "unk_token": "<unk>",
+                            "eos_token": "</s>", "pad_token": "<pad>",
+                            "model_max_length": state["config"]["max_positions"] - 1}
+        (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n",
+                                                      encoding="utf-8")
+        (folder / "README.md").write_text(model_card(state, checkpoint), encoding="utf-8")
+        publish_directory(folder, out)
+    return out
