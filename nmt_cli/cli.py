@@ -459,13 +459,20 @@ def attention_cmd(
     if not sentence.strip():
         raise NmtError("the sentence is empty: nothing to attend to")
     source = translator.encode([sentence])[0]
-    translator.warnings.clear()
+    if translator.truncated:
+        raise NmtError(f"the sentence has {translator.truncated[0][1]} tokens, more than the model's "
+                       f"{translator.max_positions - 2}: draw a shorter one (the pictures are readable up to ~40)")
     if reference is None:
         ids: list = []
         translator.translate_nbest([sentence], ids_out=ids)
         target = ids[0][1]
     else:
         target = translator.vocab.encode(translator.segmenter.segment(reference, translator.target_lang))
+        if not target:
+            raise NmtError("--reference is empty: nothing to force-decode")
+        if len(target) > translator.max_positions - 2:
+            raise NmtError(f"--reference has {len(target)} tokens, more than the model's "
+                           f"{translator.max_positions - 2}: give a shorter one")
     vocab = translator.vocab
     maps = attention_maps(net, source, target, vocab.symbols, vocab.bos, vocab.eos)
     plot_attention(maps, output, [v - 1 for v in layer or ()], [v - 1 for v in head or ()], fmt)
@@ -507,12 +514,12 @@ def export_transformers_cmd(
     output: Annotated[Path, typer.Option("--output", "-o", help="Model folder to write.")],
     force: Annotated[bool, typer.Option(help="Replace an existing folder.")] = False,
 ) -> None:
-    """Write a Hugging Face Transformers folder (a Marian model and tokenizer, for models trained with
-    --tokenizer sentencepiece) that AutoModelForSeq2SeqLM and AutoTokenizer load, with a model card."""
+    """Write a Hugging Face Transformers folder that AutoModelForSeq2SeqLM and AutoTokenizer load, with a model
+    card: a Marian model for --tokenizer sentencepiece models, an FSMT model for Moses + BPE ones."""
     from .hf import export_transformers
 
     export_transformers(model, output, force)
-    err.print(f"exported {model} to {output} (Marian)", markup=False, highlight=False)
+    err.print(f"exported {model} to {output}", markup=False, highlight=False)
 
 
 # ----------------------------------------------------------------------------- average

@@ -1,16 +1,21 @@
 """`nmt export transformers`: a trained model as a Hugging Face Transformers folder that
 `AutoModelForSeq2SeqLM.from_pretrained` and `AutoTokenizer.from_pretrained` load without custom code.
 
-A model trained with `--tokenizer sentencepiece` becomes a Marian model (`MarianMTModel` + `MarianTokenizer`,
-the format of the OPUS-MT models). The two architectures are the same post-norm Transformer (ReLU, LayerNorm
-eps 1e-5, embeddings x sqrt(d_model), one shared embedding matrix for source, target and output, no output
-bias) except for one thing: the paper interleaves its sinusoids (sin in even, cos in odd dimensions, section
-3.5) and Marian puts all the sines first. LayerNorm, the residual stream and the dot products are all
-unchanged by a fixed permutation of the model dimension, so the export permutes it: every weight that writes
-into the d_model-wide stream has its rows permuted, every one that reads from it its columns. The output is
-then the same function, not an approximation (tests/test_sentencepiece.py checks the per-token
-log-probabilities). What Marian cannot hold (pre-norm, learned positions, heads that do not make up d_model)
-is refused with one line.
+Both targets are nmt's post-norm Transformer (ReLU, LayerNorm eps 1e-5, embeddings x sqrt(d_model), one
+embedding matrix for source, target and output, no output bias); they differ in the position table.
+
+- A model trained with `--tokenizer sentencepiece` becomes a Marian model (`MarianMTModel` + `MarianTokenizer`,
+  the format of the OPUS-MT models). Marian computes its sinusoids with all the sines first, where the paper
+  interleaves them (section 3.5). LayerNorm, the residual stream and the dot products are all unchanged by a
+  fixed permutation of the model dimension, so the export permutes it: every weight that writes into the
+  d_model-wide stream has its rows permuted, every one that reads from it its columns. The output is the same
+  function, not an approximation (tests/test_sentencepiece.py checks the per-token log-probabilities).
+- A model trained with Moses + BPE (the paper's pipeline) becomes an FSMT model (`FSMTForConditionalGeneration`
+  + `FSMTTokenizer`, the format of fairseq's WMT19 models), which keeps its position table among its weights:
+  nmt's own table goes there unchanged (tests/test_export.py).
+
+What a target cannot hold (pre-norm, heads that do not make up d_model; learned positions for Marian) is
+refused with one line.
 """
 
 from __future__ import annotations
@@ -98,12 +103,93 @@ def marian_state_dict(state: dict) -> tuple[dict, dict]:
     return config, out
 
 
-def model_card(state: dict, checkpoint: str | Path) -> str:
+def fsmt_state_dict(state: dict) -> tuple[dict, dict]:
+    """(FSMTConfig keyword arguments, FSMTForConditionalGeneration state dict) of an nmt checkpoint's model.
+
+    FSMT is fairseq's post-norm Transformer. It keeps its position table among the weights and numbers positions
+    from padding_idx + 1 (fairseq's convention), so nmt's table, row for row, goes there from that row on: no
+    permutation is needed, and learned positions export as they are."""
+    model, vocab = model_from_checkpoint(state)
+    c = model.config
+    why = ("pre-norm layers (FSMT's are post-norm)" if c.pre_norm else
+           f"heads of {c.dk} x {c.heads} that do not make up d_model {c.d_model}" if c.dk * c.heads != c.d_model else
+           None)
+    if why:
+        raise NmtError(f"the model has {why}: an FSMT model cannot hold it exactly")
+    d = c.d_model
+    w = {k: v.detach().float() for k, v in model.state_dict().items()}
+    table = w["position_embed"] if c.learned_positions else model.positions.float()
+    positions = torch.zeros(c.max_positions + vocab.pad + 1, d)
+    positions[vocab.pad + 1 :] = table
+    out: dict[str, torch.Tensor] = {}
+
+    def attention(prefix: str, source: str) -> None:
+        weight, bias = w[f"{source}.in_proj.weight"], w[f"{source}.in_proj.bias"]
+        for k, name in enumerate(("q_proj", "k_proj", "v_proj")):
+            out[f"{prefix}.{name}.weight"] = weight[k * d : (k + 1) * d].clone()
+            out[f"{prefix}.{name}.bias"] = bias[k * d : (k + 1) * d].clone()
+        out[f"{prefix}.out_proj.weight"], out[f"{prefix}.out_proj.bias"] = (w[f"{source}.out_proj.weight"],
+                                                                           w[f"{source}.out_proj.bias"])
+
+    def copy(target: str, source: str) -> None:
+        out[f"{target}.weight"], out[f"{target}.bias"] = w[f"{source}.weight"], w[f"{source}.bias"]
+
+    for name in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
+                 "model.decoder.output_projection.weight"):
+        out[name] = w["embed.weight"]
+    out["model.encoder.embed_positions.weight"] = out["model.decoder.embed_positions.weight"] = positions
+    for i in range(c.layers):
+        e, p = f"model.encoder.layers.{i}", f"encoder.{i}"
+        attention(f"{e}.self_attn", f"{p}.self_attn")
+        copy(f"{e}.self_attn_layer_norm", f"{p}.sublayer.0.norm")
+        copy(f"{e}.fc1", f"{p}.feed_forward.w1")
+        copy(f"{e}.fc2", f"{p}.feed_forward.w2")
+        copy(f"{e}.final_layer_norm", f"{p}.sublayer.1.norm")
+        e, p = f"model.decoder.layers.{i}", f"decoder.{i}"
+        attention(f"{e}.self_attn", f"{p}.self_attn")
+        copy(f"{e}.self_attn_layer_norm", f"{p}.sublayer.0.norm")
+        attention(f"{e}.encoder_attn", f"{p}.cross_attn")
+        copy(f"{e}.encoder_attn_layer_norm", f"{p}.sublayer.1.norm")
+        copy(f"{e}.fc1", f"{p}.feed_forward.w1")
+        copy(f"{e}.fc2", f"{p}.feed_forward.w2")
+        copy(f"{e}.final_layer_norm", f"{p}.sublayer.2.norm")
+    config = dict(
+        langs=[state["source_lang"], state["target_lang"]], src_vocab_size=len(vocab), tgt_vocab_size=len(vocab),
+        activation_function="relu", d_model=d, max_length=min(512, c.max_positions),
+        max_position_embeddings=c.max_positions, encoder_ffn_dim=c.ffn, encoder_layers=c.layers,
+        encoder_attention_heads=c.heads, decoder_ffn_dim=c.ffn, decoder_layers=c.layers,
+        decoder_attention_heads=c.heads, dropout=c.dropout, attention_dropout=c.attention_dropout,
+        activation_dropout=c.activation_dropout, scale_embedding=True, tie_word_embeddings=True, num_beams=4,
+        pad_token_id=vocab.pad, bos_token_id=vocab.bos, eos_token_id=vocab.eos, forced_eos_token_id=vocab.eos,
+        decoder_start_token_id=vocab.bos)
+    return config, out
+
+
+def fsmt_symbols(symbols: list[str]) -> list[str]:
+    """nmt's BPE pieces in FSMT's spelling: ``ne@@`` (a word goes on) is ``ne``, ``w`` (a word ends) ``w</w>``."""
+    special = set(symbols[:4])
+    return [s if s in special else s[: -len("@@")] if s.endswith("@@") else s + "</w>" for s in symbols]
+
+
+def model_card(state: dict, checkpoint: str | Path, kind: str = "marian") -> str:
     """README.md of the exported folder: what the model is, what it was made from, how to use it."""
     from . import __version__
 
     c, src, tgt = state["config"], state["source_lang"], state["target_lang"]
     tokenizer = state.get("tokenizer") or {}
+    if kind == "fsmt":
+        merges = len([x for x in state["bpe_codes"].splitlines() if x.strip() and not x.startswith("#version")])
+        pieces = (f"Moses tokenization and joint BPE ({merges:,} merges, {len(state['vocab']):,} pieces for both "
+                  "languages)")
+        caveat = ("\nFSMTTokenizer always replaces Unicode punctuation, normalizes punctuation (Moses) and escapes "
+                  "`& < > ' \"` as `&amp;` etc.; this model was trained without escaping"
+                  + ("" if tokenizer.get("normalize_punctuation") else " and without normalization")
+                  + ", so input lines holding those characters are tokenized otherwise than in training (nmt "
+                  "translate reads them as trained).\n")
+    else:
+        pieces = (f"{len(state['vocab']):,} SentencePiece {tokenizer.get('model_type', 'unigram')} pieces for both "
+                  "languages")
+        caveat = ""
     averaged = state.get("averaged_from") or []
     made = f"{state.get('updates', 0):,} updates"
     if averaged:
@@ -114,7 +200,7 @@ language:
 - {tgt}
 tags:
 - translation
-- marian
+- {kind}
 - nmt-cli
 license:  # left for you to choose: the licence of the training data applies
 ---
@@ -122,8 +208,8 @@ license:  # left for you to choose: the licence of the training data applies
 # {src} -> {tgt} Transformer, exported from nmt
 
 - Model: {c['layers']} + {c['layers']} layers, d_model {c['d_model']}, d_ff {c['ffn']}, {c['heads']} heads,
-  post-norm, sinusoidal positions, shared embeddings ({len(state['vocab']):,} SentencePiece
-  {tokenizer.get('model_type', 'unigram')} pieces for both languages); {made}.
+  post-norm, {'learned' if c.get('learned_positions') else 'sinusoidal'} positions, shared embeddings; {pieces};
+  {made}.
 - Made by nmt {__version__} (the Transformer of "Attention Is All You Need"): `nmt export transformers -m
   {Path(checkpoint).name}`. The data and the training command are those of the run that wrote the checkpoint
   (its save dir's `options.json` and `train.jsonl`); the checkpoint holds no score: score the model with
@@ -140,23 +226,24 @@ print(tokenizer.batch_decode(model.generate(**batch, num_beams=4), skip_special_
 
 Per-token probabilities and greedy output are nmt's. With a beam, Transformers divides a hypothesis's score by
 length^alpha and nmt by GNMT's ((5 + length) / 6)^alpha, so a few outputs may differ from `nmt translate`'s.
-"""
+{caveat}"""
 
 
 def export_transformers(checkpoint: str | Path, out: str | Path, force: bool = False) -> Path:
-    """Write an nmt checkpoint as a Transformers folder (Marian, for SentencePiece models); returns it."""
+    """Write an nmt checkpoint as a Transformers folder (Marian for SentencePiece models, FSMT for Moses + BPE
+    ones); returns it."""
     try:
-        from transformers import MarianConfig, MarianMTModel
+        import transformers  # noqa: F401
     except ImportError:
         raise NmtError(INSTALL_HINT) from None
     out = Path(out)
     if out.exists() and not force:
         raise NmtError(f"{out}: already exists (use --force to replace it)")
     state = require_keys(load_checkpoint(checkpoint), checkpoint)
-    if (state.get("tokenizer") or {}).get("name") != "sentencepiece":
-        raise NmtError(f"{checkpoint}: trained with Moses + BPE; only models prepared with --tokenizer sentencepiece "
-                       "export to Transformers (as Marian) so far: the FSMT export for Moses + BPE models is not "
-                       "built yet")
+    if (state.get("tokenizer") or {}).get("name", "moses") == "moses":
+        return _export_fsmt(state, checkpoint, out)
+    from transformers import MarianConfig, MarianMTModel
+
     if not state.get("sentencepiece"):
         raise NmtError(f"{checkpoint}: checkpoint lacks sentencepiece (its tokenizer's model)")
     try:
@@ -184,6 +271,38 @@ def export_transformers(checkpoint: str | Path, out: str | Path, force: bool = F
                             "model_max_length": state["config"]["max_positions"] - 1}
         (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n",
                                                       encoding="utf-8")
-        (folder / "README.md").write_text(model_card(state, checkpoint), encoding="utf-8")
+        (folder / "README.md").write_text(model_card(state, checkpoint, "marian"), encoding="utf-8")
+        publish_directory(folder, out)
+    return out
+
+
+def _export_fsmt(state: dict, checkpoint: str | Path, out: Path) -> Path:
+    from transformers import FSMTConfig, FSMTForConditionalGeneration
+
+    try:
+        config_args, weights = fsmt_state_dict(state)
+    except NmtError as e:
+        raise NmtError(f"{checkpoint}: {e}") from None
+    model = FSMTForConditionalGeneration(FSMTConfig(**config_args))
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if missing or unexpected:
+        raise NmtError(f"this Transformers' FSMT model does not match the export (missing {missing[:3]}, "
+                       f"unexpected {unexpected[:3]})")
+    model.generation_config.num_beams = 4
+    symbols = fsmt_symbols(state["vocab"])
+    vocab = json.dumps({s: i for i, s in enumerate(symbols)}, ensure_ascii=False)
+    merges = [line for line in state["bpe_codes"].splitlines() if line.strip() and not line.startswith("#version")]
+    with staging_directory(out) as staging:
+        folder = staging / "model"
+        model.save_pretrained(folder)
+        (folder / "vocab-src.json").write_text(vocab, encoding="utf-8")
+        (folder / "vocab-tgt.json").write_text(vocab, encoding="utf-8")
+        (folder / "merges.txt").write_text("".join(line + "\n" for line in merges), encoding="utf-8")
+        tokenizer_config = {"tokenizer_class": "FSMTTokenizer", "langs": [state["source_lang"], state["target_lang"]],
+                            "model_max_length": state["config"]["max_positions"] - 1, "do_lower_case": False,
+                            "unk_token": "<unk>", "pad_token": "<pad>", "bos_token": "<s>", "sep_token": "</s>"}
+        (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n",
+                                                      encoding="utf-8")
+        (folder / "README.md").write_text(model_card(state, checkpoint, "fsmt"), encoding="utf-8")
         publish_directory(folder, out)
     return out

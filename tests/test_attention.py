@@ -133,6 +133,10 @@ def test_attention_pictures_and_raw_weights(toy_model, sentences, tmp_path):
                  "--layer 3: the model has 2")
     expect_error(run_cli("attention", "W1.", "-m", toy_model, "-o", tmp_path / "c.gif"), "unknown picture format")
     expect_error(run_cli("attention", " ", "-m", toy_model, "-o", tmp_path / "c.png"), "empty")
+    expect_error(run_cli("attention", "W1.", "-m", toy_model, "--reference", " ", "-o", tmp_path / "c.png"),
+                 "--reference is empty")
+    expect_error(run_cli("attention", " ".join(["w1"] * 1100), "-m", toy_model, "-o", tmp_path / "c.png"),
+                 "the sentence has", "tokens, more than the model's 1022")
     assert not (tmp_path / "c.png").exists() and not (tmp_path / "c.gif").exists()
 
 

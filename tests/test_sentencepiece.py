@@ -16,6 +16,7 @@ import torch
 from nmt_cli.checkpoint import load_checkpoint, save_checkpoint
 from nmt_cli.data import DataDir
 from nmt_cli.errors import NmtError
+from nmt_cli.model import ModelConfig
 from nmt_cli.prepare import PrepareOptions, prepare
 from nmt_cli.score import default_tokenize, score
 from nmt_cli.segment import SentencePiece, train_sentencepiece
@@ -319,11 +320,20 @@ def test_transformers_export_is_the_same_model(spm_model, spm_data, tmp_path):
     expect_error(run_cli("export", "transformers", "-m", spm_model, "-o", folder), "already exists")
 
 
-def test_transformers_export_refuses_what_marian_cannot_hold(toy_model, tmp_path):
+def test_transformers_export_refuses_what_it_cannot_hold(toy_model, spm_model, tmp_path):
+    """A pre-norm model (Moses + BPE: FSMT) and a learned-position one (SentencePiece: Marian): one line each,
+    nothing written."""
     require_extra("transformers")
-    expect_error(run_cli("export", "transformers", "-m", toy_model, "-o", tmp_path / "hf"),
-                 "trained with Moses + BPE", "FSMT export")
-    assert not (tmp_path / "hf").exists()
+    from nmt_cli.model import Transformer
+
+    for source, overrides, why in ((toy_model, dict(pre_norm=True), "pre-norm layers (FSMT's are post-norm)"),
+                                   (spm_model, dict(learned_positions=True), "learned positions (Marian's")):
+        state = load_checkpoint(source)
+        config = ModelConfig.from_dict({**state["config"], **overrides})
+        state.update(model=Transformer(config).state_dict(), config=config.to_dict())
+        save_checkpoint(state, tmp_path / "odd.pt")
+        expect_error(run_cli("export", "transformers", "-m", tmp_path / "odd.pt", "-o", tmp_path / "hf"), why)
+        assert not (tmp_path / "hf").exists()
 
 
 def test_marian_layout_and_what_it_cannot_hold():
