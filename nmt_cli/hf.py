@@ -38,24 +38,17 @@ def marian_permutation(d_model: int) -> torch.Tensor:
     return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
 
 
-def marian_state_dict(state: dict) -> tuple[dict, dict]:
-    """(MarianConfig keyword arguments, MarianMTModel state dict) of an nmt checkpoint's model."""
-    model, vocab = model_from_checkpoint(state)
-    c = model.config
-    why = ("pre-norm layers (Marian's are post-norm)" if c.pre_norm else
-           "learned positions (Marian's are sinusoids)" if c.learned_positions else
-           f"heads of {c.dk} x {c.heads} that do not make up d_model {c.d_model}" if c.dk * c.heads != c.d_model else
-           f"an odd d_model ({c.d_model})" if c.d_model % 2 else None)
-    if why:
-        raise NmtError(f"the model has {why}: a Marian model cannot hold it exactly")
-    d, perm = c.d_model, marian_permutation(c.d_model)
-    w = {k: v.detach().float() for k, v in model.state_dict().items()}
-    out: dict[str, torch.Tensor] = {}
+def bart_layers(w: dict[str, torch.Tensor], layers: int, perm: torch.Tensor) -> dict[str, torch.Tensor]:
+    """nmt's encoder and decoder layers under the names Marian and FSMT share (BART's: q/k/v/out_proj,
+    self_attn_layer_norm, encoder_attn, fc1, fc2, final_layer_norm), the model dimension reordered by `perm`:
+    every weight that writes into the d_model-wide residual stream has its rows permuted (biases and
+    LayerNorms likewise), every one that reads from it its columns."""
+    d, out = len(perm), {}
 
-    def reads(name: str) -> torch.Tensor:  # a weight that reads the model-dimension stream: permute its columns
+    def reads(name: str) -> torch.Tensor:
         return w[name][:, perm].contiguous()
 
-    def writes(name: str) -> torch.Tensor:  # writes into it: permute its rows (biases and LayerNorms likewise)
+    def writes(name: str) -> torch.Tensor:
         return w[name][perm].contiguous()
 
     def attention(prefix: str, source: str) -> None:
@@ -71,14 +64,10 @@ def marian_state_dict(state: dict) -> tuple[dict, dict]:
 
     def feed_forward(prefix: str, source: str) -> None:
         out[f"{prefix}.fc1.weight"], out[f"{prefix}.fc1.bias"] = reads(f"{source}.w1.weight"), w[f"{source}.w1.bias"]
-        out[f"{prefix}.fc2.weight"], out[f"{prefix}.fc2.bias"] = writes(f"{source}.w2.weight"), writes(
-            f"{source}.w2.bias")
+        out[f"{prefix}.fc2.weight"] = writes(f"{source}.w2.weight")
+        out[f"{prefix}.fc2.bias"] = writes(f"{source}.w2.bias")
 
-    embed = reads("embed.weight")
-    for name in ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
-                 "lm_head.weight"):
-        out[name] = embed
-    for i in range(c.layers):
+    for i in range(layers):
         e, p = f"model.encoder.layers.{i}", f"encoder.{i}"
         attention(f"{e}.self_attn", f"{p}.self_attn")
         norm(f"{e}.self_attn_layer_norm", f"{p}.sublayer.0.norm")
@@ -91,6 +80,26 @@ def marian_state_dict(state: dict) -> tuple[dict, dict]:
         norm(f"{e}.encoder_attn_layer_norm", f"{p}.sublayer.1.norm")
         feed_forward(e, f"{p}.feed_forward")
         norm(f"{e}.final_layer_norm", f"{p}.sublayer.2.norm")
+    return out
+
+
+def marian_state_dict(state: dict) -> tuple[dict, dict]:
+    """(MarianConfig keyword arguments, MarianMTModel state dict) of an nmt checkpoint's model."""
+    model, vocab = model_from_checkpoint(state)
+    c = model.config
+    why = ("pre-norm layers (Marian's are post-norm)" if c.pre_norm else
+           "learned positions (Marian's are sinusoids)" if c.learned_positions else
+           f"heads of {c.dk} x {c.heads} that do not make up d_model {c.d_model}" if c.dk * c.heads != c.d_model else
+           f"an odd d_model ({c.d_model})" if c.d_model % 2 else None)
+    if why:
+        raise NmtError(f"the model has {why}: a Marian model cannot hold it exactly")
+    d, perm = c.d_model, marian_permutation(c.d_model)
+    w = {k: v.detach().float() for k, v in model.state_dict().items()}
+    out = bart_layers(w, c.layers, perm)
+    embed = w["embed.weight"][:, perm].contiguous()
+    for name in ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
+                 "lm_head.weight"):
+        out[name] = embed
     out["final_logits_bias"] = torch.zeros(1, len(vocab))
     config = dict(
         vocab_size=len(vocab), decoder_vocab_size=len(vocab), d_model=d, encoder_layers=c.layers,
@@ -121,38 +130,11 @@ def fsmt_state_dict(state: dict) -> tuple[dict, dict]:
     table = w["position_embed"] if c.learned_positions else model.positions.float()
     positions = torch.zeros(c.max_positions + vocab.pad + 1, d)
     positions[vocab.pad + 1 :] = table
-    out: dict[str, torch.Tensor] = {}
-
-    def attention(prefix: str, source: str) -> None:
-        weight, bias = w[f"{source}.in_proj.weight"], w[f"{source}.in_proj.bias"]
-        for k, name in enumerate(("q_proj", "k_proj", "v_proj")):
-            out[f"{prefix}.{name}.weight"] = weight[k * d : (k + 1) * d].clone()
-            out[f"{prefix}.{name}.bias"] = bias[k * d : (k + 1) * d].clone()
-        out[f"{prefix}.out_proj.weight"], out[f"{prefix}.out_proj.bias"] = (w[f"{source}.out_proj.weight"],
-                                                                           w[f"{source}.out_proj.bias"])
-
-    def copy(target: str, source: str) -> None:
-        out[f"{target}.weight"], out[f"{target}.bias"] = w[f"{source}.weight"], w[f"{source}.bias"]
-
+    out = bart_layers(w, c.layers, torch.arange(d))  # FSMT keeps nmt's dimension order
     for name in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
                  "model.decoder.output_projection.weight"):
         out[name] = w["embed.weight"]
     out["model.encoder.embed_positions.weight"] = out["model.decoder.embed_positions.weight"] = positions
-    for i in range(c.layers):
-        e, p = f"model.encoder.layers.{i}", f"encoder.{i}"
-        attention(f"{e}.self_attn", f"{p}.self_attn")
-        copy(f"{e}.self_attn_layer_norm", f"{p}.sublayer.0.norm")
-        copy(f"{e}.fc1", f"{p}.feed_forward.w1")
-        copy(f"{e}.fc2", f"{p}.feed_forward.w2")
-        copy(f"{e}.final_layer_norm", f"{p}.sublayer.1.norm")
-        e, p = f"model.decoder.layers.{i}", f"decoder.{i}"
-        attention(f"{e}.self_attn", f"{p}.self_attn")
-        copy(f"{e}.self_attn_layer_norm", f"{p}.sublayer.0.norm")
-        attention(f"{e}.encoder_attn", f"{p}.cross_attn")
-        copy(f"{e}.encoder_attn_layer_norm", f"{p}.sublayer.1.norm")
-        copy(f"{e}.fc1", f"{p}.feed_forward.w1")
-        copy(f"{e}.fc2", f"{p}.feed_forward.w2")
-        copy(f"{e}.final_layer_norm", f"{p}.sublayer.2.norm")
     config = dict(
         langs=[state["source_lang"], state["target_lang"]], src_vocab_size=len(vocab), tgt_vocab_size=len(vocab),
         activation_function="relu", d_model=d, max_length=min(512, c.max_positions),

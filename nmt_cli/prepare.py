@@ -140,8 +140,8 @@ def _init_worker(state: dict) -> None:
     _worker.clear()
     _worker.update(state)
     if state.get("sentencepiece") is not None:
-        segmenter = SentencePiece(state["sentencepiece"])
-        _worker["bpe"] = lambda line: segmenter._segment(line, "") if line.strip() else ""
+        segmenter = SentencePiece(state["sentencepiece"])  # text arrives normalized already: normalize=False
+        _worker["bpe"] = lambda line: segmenter.segment(line, "")
     elif state.get("codes") is not None:
         _worker["bpe"] = text.BpeApplier(state["codes"])
     if state.get("symbols") is not None:
