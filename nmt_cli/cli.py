@@ -807,6 +807,10 @@ def serve_cmd(
     limits = ServeLimits(max_batch, max_tokens, batch_wait_ms, max_queue, max_sentences, max_chars, max_body_bytes,
                          max_work, cache_mb, shutdown_seconds)
     runs_on = "ctranslate2" if isinstance(translator, CTranslate2Translator) else "nmt"
+    if runs_on == "nmt":
+        from .ops import keep_float32_off_onednn
+
+        keep_float32_off_onednn()  # memory that stays level over the many shapes requests bring
     serve(translator, host, port, limits, runs_on, on_ready=lambda: err.print(
         f"serving {model[0]} ({runs_on}) on http://{host}:{port} (POST /translate, GET /health, GET /metrics"
         f"{'; API keys required' if api_keys else ''})", markup=False, highlight=False), executor=executor,

@@ -219,7 +219,8 @@ def main() -> None:
         raise SystemExit(2) from None
     table = markdown(args.base, results)
     note = (f"Table 3 of the paper on {args.data} ({args.base} base, {args.updates} updates each, seed 1; dev = the "
-            f"data dir's valid split, beam 4, lenpen 0.6, last checkpoint, no averaging; per-piece perplexity). "
+            f"data dir's valid split, beam 4, lenpen 0.6, last checkpoint, no averaging; per-piece perplexity; "
+            f"every row trained with `{args.train_flags.strip() or 'the defaults'}`). "
             "Empty cells keep the base's value; the last column is the paper's Table 3 for the same row (its base "
             "model on WMT14 newstest2013, 100k steps).\n\n")
     with atomic_path(args.out / "variations.json") as tmp:

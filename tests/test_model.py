@@ -103,6 +103,28 @@ def test_linear_runs_large_float32_inference_products_on_onednn():
 
 
 @pytest.mark.skipif(not ops._ONEDNN_LINEAR, reason="this PyTorch build has no oneDNN")
+def test_servers_keep_float32_products_off_onednn(monkeypatch):
+    """After keep_float32_off_onednn (what `nmt serve` calls), float32 products are F.linear's, bit for bit, and
+    no packed weight is made for them; bfloat16 ones still run on oneDNN with the packed weight."""
+    monkeypatch.setattr(ops, "_ONEDNN_DTYPES", ops._ONEDNN_DTYPES)  # restored after the test
+    torch.manual_seed(0)
+    x, w, b = torch.randn(2, 150, 256), torch.randn(1024, 256), torch.randn(1024)
+    with torch.no_grad():
+        packed = ops.PackedWeight()
+        ops.linear(x, w, b, packed=packed)
+        assert packed.packed is not None  # on oneDNN until now
+        ops.keep_float32_off_onednn()
+        packed = ops.PackedWeight()
+        assert torch.equal(ops.linear(x, w, b, packed=packed), F.linear(x, w, b))
+        assert torch.equal(ops.linear(x, w, b, relu=True, packed=packed), F.relu(F.linear(x, w, b)))
+        assert packed.packed is None
+        xb, wb, bb = x.bfloat16(), w.bfloat16(), b.bfloat16()
+        assert torch.equal(ops.linear(xb, wb, bb, packed=packed),
+                           torch.ops.mkldnn._linear_pointwise(xb, wb, bb, "none", [], ""))
+        assert packed.packed is not None
+
+
+@pytest.mark.skipif(not ops._ONEDNN_LINEAR, reason="this PyTorch build has no oneDNN")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_packed_weights_follow_their_weight(dtype, monkeypatch):
     """`linear` with a PackedWeight gives what it gives without one, for any row count and input layout; the
