@@ -81,10 +81,10 @@ multi30k-score: $(EXP)/test.hyp
 
 # The paper's Table 3 on Multi30k (recipes/variations.py): one model per row, each changing one thing from the
 # `small` base (the recipe's training flags), VARIATION_UPDATES updates each, dev = val; EXP/variations/ holds
-# the table (variations.md) and the plot. 600 updates: ~5.5 minutes per row on 2 cores (an estimate from the
-# recipe's ~2 updates/s), 19 rows in about 2 hours. VARIATION_ROWS=A,E trains fewer rows. The schedule is
+# the table (variations.md) and the plot. 600 updates: 3-10 minutes per row on 2 cores, 19 rows in 1 h 40 min
+# (2-core Intel Xeon (AMX)). VARIATION_ROWS=A,E trains fewer rows. The schedule is
 # scaled to the short runs: warmup 200 and a linear cooldown over the last 30% (the recipe's 1,000-update
-# warmup would end after the run: the base's dev PPL at update 600 is ~40 with it, ~20 with this one).
+# warmup would end after the run: the base's dev PPL near update 600 is 38 with it, 21.6 with this one).
 VARIATION_UPDATES ?= 600
 VARIATION_ROWS    ?= A,B,C,D,E
 VARIATION_WARMUP  ?= 200

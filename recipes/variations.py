@@ -140,7 +140,7 @@ def markdown(base_name: str, results: list[dict]) -> str:
         cells = [str(v) if is_base or v != base[k] else "" for k, v in values(r).items()]
         cells += [str(r["updates"]), f"{r['valid_ppl']:.2f}", f"{r['valid_bleu']:.1f}", f"{r['parameters'] / 1e6:.1f}"]
         paper = PAPER.get((r["row"]["group"], r["row"]["place"]))
-        cells.append(", ".join("" if x is None else str(x) for x in paper) if paper else "")
+        cells.append(f"{paper[0]:.2f}, {paper[1]:.1f}" + (f", {paper[2]}" if paper[2] else "") if paper else "")
         lines.append(f"| {base_name if is_base else r['row']['group']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -220,7 +220,7 @@ def main() -> None:
     table = markdown(args.base, results)
     note = (f"Table 3 of the paper on {args.data} ({args.base} base, {args.updates} updates each, seed 1; dev = the "
             f"data dir's valid split, beam 4, lenpen 0.6, last checkpoint, no averaging; per-piece perplexity; "
-            f"every row trained with `{args.train_flags.strip() or 'the defaults'}`). "
+            f"every row trained with `{' '.join(extra) or 'the defaults'}`). "
             "Empty cells keep the base's value; the last column is the paper's Table 3 for the same row (its base "
             "model on WMT14 newstest2013, 100k steps).\n\n")
     with atomic_path(args.out / "variations.json") as tmp:
