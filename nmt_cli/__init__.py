@@ -11,7 +11,8 @@ TRAINING_KERNEL_CACHE = 128  # variable (batch x length) shapes: 256 held ~190 M
 DECODING_KERNEL_CACHE = 4096  # beam search's shrinking row counts cycle through ~500 shapes; 256 thrashes (-15%)
 # A server meets many more (batch x length x beam) shapes than a file: with 4,096 kernels its memory still grew
 # after 10 minutes of soak (1.7 -> 2.9 GB); with 1,024 it levels off at ~2.6 GB after 4 minutes, latency unchanged
-# (p50 766 vs 782 ms); with 256 at ~1.8 GB, 13% slower (docs/benchmarks.md, "Serving soak").
+# (p50 766 vs 782 ms); with 256 at ~1.8 GB, 13% slower (docs/benchmarks.md, "Serving soak"). Float32 serving
+# no longer uses oneDNN for its products (ops.keep_float32_off_onednn: ~0.5 GB, level); this is for bfloat16.
 SERVING_KERNEL_CACHE = 1024
 
 
