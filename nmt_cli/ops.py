@@ -33,11 +33,13 @@ def keep_float32_off_onednn() -> None:
     """From now on, in this process, run float32 products through MKL (F.linear) instead of oneDNN.
 
     For servers. oneDNN compiles a kernel per (rows x in x out) shape and keeps memory for every one it made,
-    beyond its cache's eviction (measured: ~550 MB more after 200 random batches, still rising after 600, with
+    beyond its cache's eviction (measured: ~530 MB more after 200 random batches, still rising after 600, with
     a 64-kernel cache too); MKL keeps none. A file's batches repeat a few shapes; a server's requests bring new
     ones for as long as it runs. bfloat16 stays on oneDNN: F.linear takes it there anyway."""
     global _ONEDNN_DTYPES
     _ONEDNN_DTYPES = (torch.bfloat16,)
+
+
 PACK_ROWS = 64  # the row count oneDNN lays packed weights out for; 16-256 measured the same for 1-300 rows
 
 
