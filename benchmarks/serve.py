@@ -7,7 +7,8 @@ Every measurement runs `--rounds` times (default 2: the first also pays oneDNN's
 not seen yet) and the best round is reported.
 
     python benchmarks/serve.py [--model exp/multi30k/model.pt] [--clients 1,8,32] [--sentences 500] [--rounds 2]
-    python benchmarks/serve.py --soak MINUTES [--model ...] [--json FILE]   # good and bad requests (soak.py)
+    python benchmarks/serve.py --soak MINUTES [--model ...] [--precision bf16] [--engine ctranslate2] [--json FILE]
+                                                # good and bad requests (soak.py)
 """
 
 from __future__ import annotations
@@ -90,13 +91,16 @@ def main() -> list[list]:
     parser.add_argument("--soak", type=float, metavar="MINUTES",
                         help="instead: good and bad requests for MINUTES (benchmarks/soak.py)")
     parser.add_argument("--json", type=Path, help="with --soak: also write its record here")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="with --soak: the server's")
+    parser.add_argument("--engine", default="auto", choices=("auto", "nmt", "ctranslate2"),
+                        help="with --soak: the server's")
     args = parser.parse_args()
     if not Path(args.model).exists():
         sys.exit(f"benchmark: {args.model} not found; run `make multi30k` first or pass --model")
     if args.soak is not None:
         from soak import soak
 
-        record = soak(args.model, args.soak)
+        record = soak(args.model, args.soak, args.precision, args.engine)
         if args.json:
             args.json.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
         return []

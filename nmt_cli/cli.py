@@ -808,9 +808,10 @@ def serve_cmd(
                          max_work, cache_mb, shutdown_seconds)
     runs_on = "ctranslate2" if isinstance(translator, CTranslate2Translator) else "nmt"
     if runs_on == "nmt":
-        from .ops import keep_float32_off_onednn
+        from .ops import bound_onednn_row_counts, keep_float32_off_onednn
 
         keep_float32_off_onednn()  # memory that stays level over the many shapes requests bring
+        bound_onednn_row_counts()  # and for bfloat16, which stays on oneDNN
     serve(translator, host, port, limits, runs_on, on_ready=lambda: err.print(
         f"serving {model[0]} ({runs_on}) on http://{host}:{port} (POST /translate, GET /health, GET /metrics"
         f"{'; API keys required' if api_keys else ''})", markup=False, highlight=False), executor=executor,

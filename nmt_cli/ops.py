@@ -40,6 +40,41 @@ def keep_float32_off_onednn() -> None:
     _ONEDNN_DTYPES = (torch.bfloat16,)
 
 
+_BOUNDED_ROWS = False
+
+
+def bound_onednn_row_counts() -> None:
+    """From now on, in this process, pad the rows of every oneDNN product to one of ~70 counts (`bucket_rows`).
+
+    For servers that keep products on oneDNN (bfloat16). oneDNN keeps memory for every (rows x in x out) shape
+    it compiled a kernel for, and a server's requests bring new row counts for as long as it runs; with the rows
+    rounded up (under 1/8 more work above 64 rows), the shapes a weight meets are bounded, and so is that memory."""
+    global _BOUNDED_ROWS
+    _BOUNDED_ROWS = True
+
+
+def bucket_rows(rows: int) -> int:
+    """The row count a bounded product pads `rows` to: a multiple of 8 up to 64, then 8 steps per doubling
+    (72, 80, ... 128, 144, ...): above 64 rows under 1/8 of them are padding, and 1-16,384 rows need 72 counts."""
+    if rows <= 64:
+        return max(8, -(-rows // 8) * 8)
+    step = 1 << (rows.bit_length() - 4)
+    return -(-rows // step) * step
+
+
+def _onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None, relu: bool) -> Tensor:
+    attr = "relu" if relu else "none"
+    if not _BOUNDED_ROWS:
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, attr, [], "")
+    rows = x.numel() // x.shape[-1]
+    padded = bucket_rows(rows)
+    flat = x.reshape(rows, x.shape[-1])
+    if padded != rows:
+        flat = torch.cat([flat, flat.new_zeros(padded - rows, x.shape[-1])])
+    y = torch.ops.mkldnn._linear_pointwise(flat, weight, bias, attr, [], "")
+    return y[:rows].reshape(*x.shape[:-1], y.shape[-1])
+
+
 PACK_ROWS = 64  # the row count oneDNN lays packed weights out for; 16-256 measured the same for 1-300 rows
 
 
@@ -83,7 +118,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, relu: bool = F
                                                   or (bias is not None and bias.requires_grad)))):
         if packed is not None and not weight.is_inference():
             weight = packed.of(weight)
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "relu" if relu else "none", [], "")
+        return _onednn_linear(x, weight, bias, relu)
     y = F.linear(x, weight, bias)
     return F.relu(y) if relu else y
 

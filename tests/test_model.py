@@ -124,6 +124,41 @@ def test_servers_keep_float32_products_off_onednn(monkeypatch):
         assert packed.packed is not None
 
 
+def test_row_buckets_are_few_and_pad_little():
+    """`bucket_rows`: never fewer rows, at most 7 more up to 64 and under 1/8 more above, and 72 counts for
+    1-16,384 rows."""
+    assert [ops.bucket_rows(n) for n in (1, 8, 9, 64, 65, 72, 73, 128, 129, 16_384)] == [
+        8, 8, 16, 64, 72, 72, 80, 128, 144, 16_384]
+    assert all(0 <= ops.bucket_rows(n) - n <= (7 if n <= 64 else n / 8) for n in range(1, 16_385))
+    assert len({ops.bucket_rows(n) for n in range(1, 16_385)}) == 72
+
+
+@pytest.mark.skipif(not ops._ONEDNN_LINEAR, reason="this PyTorch build has no oneDNN")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bounded_row_counts_give_the_unpadded_products(dtype, monkeypatch):
+    """After bound_onednn_row_counts (what `nmt serve` calls), oneDNN products are computed on rows padded to a
+    bucket, and give what the unpadded product gives, bit for bit, with and without the packed weight and ReLU."""
+    torch.manual_seed(0)
+    w, b = torch.randn(1024, 256, dtype=dtype), torch.randn(1024, dtype=dtype)
+    inputs = [torch.randn(rows, 256, dtype=dtype) for rows in (1, 5, 8, 63, 65, 130, 700)]
+    inputs.append(torch.randn(3, 47, 256, dtype=dtype).transpose(0, 1))  # not contiguous, 3-D
+    cases = [(x, relu) for x in inputs for relu in (False, True)]
+    with torch.no_grad():
+        expected = {kind: [ops.linear(x, w, b, relu=relu, packed=packed) for x, relu in cases]
+                    for kind, packed in (("plain", None), ("packed", ops.PackedWeight()))}
+        monkeypatch.setattr(ops, "_BOUNDED_ROWS", True)
+        seen = []
+        real_pointwise = torch.ops.mkldnn._linear_pointwise
+        monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise",
+                            lambda x, *args: seen.append(x.shape[0]) or real_pointwise(x, *args))
+        for kind, packed in (("plain", None), ("packed", ops.PackedWeight())):
+            got = [ops.linear(x, w, b, relu=relu, packed=packed) for x, relu in cases]
+            for e, g in zip(expected[kind], got):
+                assert g.shape == e.shape and torch.equal(g, e)
+    assert seen and set(seen) <= {ops.bucket_rows(n) for n in range(1, 2000)}
+    assert 64 * 9 // 8 < max(seen)  # the products ran on oneDNN, padded
+
+
 @pytest.mark.skipif(not ops._ONEDNN_LINEAR, reason="this PyTorch build has no oneDNN")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_packed_weights_follow_their_weight(dtype, monkeypatch):
