@@ -354,3 +354,32 @@ def test_marian_layout_and_what_it_cannot_hold():
         state = {"model": model.state_dict(), "config": model.config.to_dict(), "vocab": symbols}
         with pytest.raises(NmtError, match=why):
             marian_state_dict(state)
+
+
+def test_separate_vocabulary_measurement_segments_each_side_with_its_own_model(tatoeba, tmp_path):
+    """benchmarks/separate_vocab.py (issue 25's measurement): each side is segmented by a SentencePiece model
+    learned on that side alone, the dictionary holds both sides' pieces, the binarized ids are those pieces, and
+    each side's raw text comes back from them (pieces never seen in training aside: <unk>, as the run recorded)."""
+    import separate_vocab
+
+    segmenter = separate_vocab.build_data(tatoeba, "zh", "en", (2500, 1000), tmp_path)
+    models = segmenter.models
+    assert set(models["zh"].symbols()) != set(models["en"].symbols())
+    data = DataDir.open(tmp_path / "data")
+    symbols = set(data.vocab.symbols)
+    valid = data.split("valid")
+    for lang, ids in (("zh", valid.src), ("en", valid.tgt)):
+        raw = (tatoeba / f"valid.{lang}").read_text(encoding="utf-8").splitlines()
+        own = set(models[lang].symbols())
+        for i in range(20):
+            pieces = segmenter.segment(raw[i], lang)
+            assert pieces.split() == models[lang].processor.encode(" ".join(raw[i].split()), out_type=str)
+            assert set(pieces.split()) <= own
+            # the dictionary holds the pieces of the training text: a byte piece never seen there is <unk>
+            known = [p if p in symbols else "<unk>" for p in pieces.split()]
+            assert data.vocab.decode(ids[i].tolist()).split() == known
+            assert segmenter.desegment(pieces, lang) == " ".join(raw[i].split())
+    train_pieces = {lang: set((tmp_path / "pieces" / f"train.{lang}").read_text(encoding="utf-8").split())
+                    for lang in ("zh", "en")}
+    assert train_pieces["zh"] | train_pieces["en"] <= symbols  # one dictionary over both sides
+    assert len(train_pieces["zh"] - train_pieces["en"]) > 1000 and len(train_pieces["en"] - train_pieces["zh"]) > 500
