@@ -6,7 +6,8 @@
 `make tatoeba-zh-en` learns one SentencePiece model on both sides (8,000 pieces). Here each side gets its own
 model, learned on that side only (`--vocab-sizes SRC,TGT`), and the data dir's dictionary is the union of the
 pieces the two produce on the training text (fairseq's --joined-dictionary over separate BPE; Chinese and
-English pieces barely overlap, so each side's embeddings are in effect its own). Everything else is the
+English pieces barely overlap, so each side's embeddings are in effect its own; a byte piece never seen in
+training is <unk>). Everything else is the
 recipe's: the split under --raw (the recipe's `EXP/raw`), `nmt train` with its flags and time budget, the
 choice on valid (best single or average of the last 3/5/8/10, then the length penalty), test scored with the
 target language's tokenizer. Prints one table row per run, and the recipe's joint run beside it (--joint: its

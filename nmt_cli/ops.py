@@ -44,7 +44,7 @@ _BOUNDED_ROWS = False
 
 
 def bound_onednn_row_counts() -> None:
-    """From now on, in this process, pad the rows of every oneDNN product to one of ~70 counts (`bucket_rows`).
+    """From now on, in this process, pad the rows of every oneDNN product to a bucket (`bucket_rows`: 72 up to 16,384).
 
     For servers that keep products on oneDNN (bfloat16). oneDNN keeps memory for every (rows x in x out) shape
     it compiled a kernel for, and a server's requests bring new row counts for as long as it runs; with the rows
