@@ -63,14 +63,14 @@ def build_data(raw: Path, src: str, tgt: str, sizes: tuple[int, int], work: Path
             path.write_bytes(train_sentencepiece([raw / f"train.{lang}"], size))
         models[lang] = path.read_bytes()
     segmenter = PerLanguageSentencePiece(models)
-    pieces = work / "pieces"
-    pieces.mkdir(exist_ok=True)
-    for split in SPLITS:
-        for lang in (src, tgt):
-            lines = (raw / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()
-            (pieces / f"{split}.{lang}").write_text("".join(segmenter.segment(x, lang) + "\n" for x in lines),
-                                                    encoding="utf-8")
     if not (work / "data" / "meta.json").exists():
+        pieces = work / "pieces"
+        pieces.mkdir(exist_ok=True)
+        for split in SPLITS:
+            for lang in (src, tgt):
+                lines = (raw / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()
+                (pieces / f"{split}.{lang}").write_text("".join(segmenter.segment(x, lang) + "\n" for x in lines),
+                                                        encoding="utf-8")
         binarize_segmented(PrepareOptions(src, tgt, str(pieces / "train"), str(pieces / "valid"), work / "data",
                                           test=[str(pieces / "test")], force=True, quiet=True, workers=1), "")
     return segmenter
@@ -135,7 +135,7 @@ def main() -> None:
     result = choose_and_score(args.raw, src, tgt, args.work, segmenter)
     rows = []
     if args.joint is not None:
-        joint = {**json.loads((args.joint / "selection.json").read_text())}
+        joint = json.loads((args.joint / "selection.json").read_text())
         scores = {x["metric"]: x["score"] for x in json.loads((args.joint / "score.json").read_text())}
         joint["test_bleu"], joint["test_chrf"] = scores["bleu"], scores["chrf"]
         rows.append(row("joint (the recipe)", args.joint / "data", args.joint / "ckpt", joint))

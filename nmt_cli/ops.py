@@ -68,9 +68,7 @@ def _onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None, relu: bool) -
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, attr, [], "")
     rows = x.numel() // x.shape[-1]
     padded = bucket_rows(rows)
-    flat = x.reshape(rows, x.shape[-1])
-    if padded != rows:
-        flat = torch.cat([flat, flat.new_zeros(padded - rows, x.shape[-1])])
+    flat = F.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, padded - rows))  # one copy, zero rows below
     y = torch.ops.mkldnn._linear_pointwise(flat, weight, bias, attr, [], "")
     return y[:rows].reshape(*x.shape[:-1], y.shape[-1])
 
