@@ -128,7 +128,16 @@ def main() -> None:
     parser.add_argument("--joint", type=Path, help="the recipe's EXP dir of the same direction, for its row")
     args = parser.parse_args()
     src, tgt = args.source_lang, args.target_lang
-    sizes = tuple(int(x) for x in args.vocab_sizes.split(","))
+    missing = [str(args.raw / f"{split}.{lang}") for split in SPLITS for lang in (src, tgt)
+               if not (args.raw / f"{split}.{lang}").is_file()]
+    if missing:
+        sys.exit(f"separate_vocab: {missing[0]}: no such file (--raw is the recipe's EXP/raw split)")
+    try:
+        sizes = tuple(int(x) for x in args.vocab_sizes.split(","))
+    except ValueError:
+        sizes = ()
+    if len(sizes) != 2:
+        sys.exit(f"separate_vocab: --vocab-sizes must be SOURCE,TARGET, e.g. 4000,4000 (got {args.vocab_sizes!r})")
     args.work.mkdir(parents=True, exist_ok=True)
     segmenter = build_data(args.raw, src, tgt, sizes, args.work)
     train(args.work, args.minutes)

@@ -383,3 +383,15 @@ def test_separate_vocabulary_measurement_segments_each_side_with_its_own_model(t
                     for lang in ("zh", "en")}
     assert train_pieces["zh"] | train_pieces["en"] <= symbols  # one dictionary over both sides
     assert len(train_pieces["zh"] - train_pieces["en"]) > 1000 and len(train_pieces["en"] - train_pieces["zh"]) > 500
+
+
+def test_separate_vocabulary_measurement_refuses_bad_input_in_one_line(tatoeba, tmp_path):
+    """A --raw folder without the split, or --vocab-sizes that is not two numbers: one line, exit code not 0."""
+    script = REPO / "benchmarks" / "separate_vocab.py"
+    for flags, message in ((["--raw", str(tmp_path)], f"{tmp_path}/train.zh: no such file"),
+                           (["--raw", str(tatoeba), "--vocab-sizes", "4000"], "--vocab-sizes must be SOURCE,TARGET")):
+        done = subprocess.run([sys.executable, str(script), *flags, "--work", str(tmp_path / "work")],
+                              capture_output=True, text=True)
+        assert done.returncode != 0 and "Traceback" not in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("separate_vocab: ")
+        assert message in done.stderr
