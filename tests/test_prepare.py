@@ -295,7 +295,7 @@ def test_workers_die_with_their_parent_even_mid_job(tmp_path):
     script = ("import os, sys, time\n"
               "from nmt_cli.workers import ordered_map\n"
               "def job(x):\n"
-              "    print(os.getpid(), flush=True)\n"
+              "    os.write(1, f'{os.getpid()}\\n'.encode())\n"  # one write: print's two could interleave
               "    time.sleep(30)\n"
               "list(ordered_map(job, range(2), 2))\n")
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
