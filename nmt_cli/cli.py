@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import faulthandler
 import functools
 import gc
 import json
@@ -130,9 +129,6 @@ def handle_errors(fn):
                       highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
-            # Watchdog: should clean-up at exit ever hang (seen twice in ~43 CI runs of a 2-worker prepare), print
-            # every thread's Python stack and exit 1 rather than wait forever.
-            faulthandler.dump_traceback_later(20, exit=True)
             err.print("interrupted", markup=False)
             raise typer.Exit(130) from None
         except BrokenPipeError:
