@@ -136,7 +136,7 @@ def main() -> None:
         sizes = tuple(int(x) for x in args.vocab_sizes.split(","))
     except ValueError:
         sizes = ()
-    if len(sizes) != 2:
+    if len(sizes) != 2 or min(sizes) < 1:
         sys.exit(f"separate_vocab: --vocab-sizes must be SOURCE,TARGET, e.g. 4000,4000 (got {args.vocab_sizes!r})")
     args.work.mkdir(parents=True, exist_ok=True)
     segmenter = build_data(args.raw, src, tgt, sizes, args.work)

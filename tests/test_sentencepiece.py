@@ -386,10 +386,11 @@ def test_separate_vocabulary_measurement_segments_each_side_with_its_own_model(t
 
 
 def test_separate_vocabulary_measurement_refuses_bad_input_in_one_line(tatoeba, tmp_path):
-    """A --raw folder without the split, or --vocab-sizes that is not two numbers: one line, exit code not 0."""
+    """A --raw folder without the split, or --vocab-sizes that is not two positive numbers: one line, exit code 1."""
     script = REPO / "benchmarks" / "separate_vocab.py"
     for flags, message in ((["--raw", str(tmp_path)], f"{tmp_path}/train.zh: no such file"),
-                           (["--raw", str(tatoeba), "--vocab-sizes", "4000"], "--vocab-sizes must be SOURCE,TARGET")):
+                           (["--raw", str(tatoeba), "--vocab-sizes", "4000"], "--vocab-sizes must be SOURCE,TARGET"),
+                           (["--raw", str(tatoeba), "--vocab-sizes", "0,4000"], "--vocab-sizes must be SOURCE,TARGET")):
         done = subprocess.run([sys.executable, str(script), *flags, "--work", str(tmp_path / "work")],
                               capture_output=True, text=True)
         assert done.returncode != 0 and "Traceback" not in done.stderr
