@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import functools
 import gc
 import json
@@ -877,6 +878,13 @@ def score_cmd(
         console.print(f"{r['metric']} signature: {r['signature']}", markup=False, highlight=False)
 
 
+# After a Ctrl-C the process must end: if clean-up at exit (multiprocessing's finalizers, joins of worker
+# processes and threads) still runs after this many seconds, every thread's Python stack goes to stderr and the
+# process exits 1. Armed here, at the process entry, never in the command handlers, which also run in-process
+# (CliRunner, a notebook) where the timer would end the host process.
+EXIT_WATCHDOG_S = 20.0
+
+
 def main() -> None:
     """Console-script entry point."""
     # Start up without the garbage collector: once torch is imported, each full collection walks its million
@@ -885,6 +893,10 @@ def main() -> None:
     gc.disable()
     try:
         app()
+    except SystemExit as e:
+        if e.code == 130:
+            faulthandler.dump_traceback_later(EXIT_WATCHDOG_S, exit=True)
+        raise
     finally:
         gc.enable()
 

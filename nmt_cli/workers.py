@@ -36,25 +36,30 @@ def ordered_map(fn: Callable[[Any], Any], jobs: Iterable[Any], workers: int,
         for job in jobs:
             yield fn(job)
         return
-    # Job k goes to worker k % workers through that worker's own inbox and comes back through its own outbox:
+    # Job k goes to worker k % workers through that worker's own pipe and comes back through its own outbox:
     # no lock shared between processes and no handler threads whose state a Ctrl-C can leave half-updated
-    # (multiprocessing.Pool has both; a Ctrl-C during a Pool-based prepare once hung CI).
+    # (multiprocessing.Pool has both; a Ctrl-C during a Pool-based prepare once hung CI). Jobs are sent with
+    # plain blocking writes, not through a multiprocessing.Queue: a Queue's feeder thread in this process
+    # could block forever writing to a dead worker's full pipe, and a Ctrl-C then hung at exit (seen in CI).
+    # A worker drains its pipe whatever happens to its results (its outbox buffers them), so a write blocks
+    # only while the worker is busy, and a worker that dies breaks the pipe (BrokenPipeError) instead.
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
-    inboxes = [ctx.Queue() for _ in range(workers)]
+    inboxes = [ctx.Pipe(duplex=False) for _ in range(workers)]  # (worker's read end, our write end)
     outboxes = [ctx.Queue() for _ in range(workers)]
-    for inbox in inboxes:
-        inbox.cancel_join_thread()  # never wait at exit to feed a worker that is gone
     procs: list = []
     try:
         with _ctrl_c_deferred():
-            for inbox, outbox in zip(inboxes, outboxes):
-                procs.append(ctx.Process(target=_serve, args=(fn, inbox, outbox, initializer, initargs, os.getpid()),
-                                         daemon=True))
+            for w, ((reader, _), outbox) in enumerate(zip(inboxes, outboxes)):
+                inherited = [end for i, pair in enumerate(inboxes) for end in pair if not (i == w and end is reader)]
+                procs.append(ctx.Process(target=_serve, args=(fn, reader, outbox, inherited, initializer, initargs,
+                                                              os.getpid()), daemon=True))
                 procs[-1].start()
+        for reader, _ in inboxes:
+            reader.close()  # only the worker holds its read end now: its death breaks our write end
         sent = received = 0
         limit = workers * in_flight_per_worker
         for job in jobs:
-            inboxes[sent % workers].put((job,))
+            _send(inboxes[sent % workers][1], (job,), procs[sent % workers])
             sent += 1
             if sent - received >= limit:
                 yield _receive(outboxes[received % workers], procs[received % workers])
@@ -62,9 +67,8 @@ def ordered_map(fn: Callable[[Any], Any], jobs: Iterable[Any], workers: int,
         while received < sent:
             yield _receive(outboxes[received % workers], procs[received % workers])
             received += 1
-        for inbox in inboxes:
-            inbox.put(None)
-            inbox.close()
+        for _, writer in inboxes:
+            writer.close()  # end of input: the worker reads EOF once its pipe is drained
         for proc in procs:
             proc.join()
     finally:
@@ -72,6 +76,11 @@ def ordered_map(fn: Callable[[Any], Any], jobs: Iterable[Any], workers: int,
             if proc.pid is not None:
                 proc.kill()
                 proc.join()
+        for reader, writer in inboxes:
+            reader.close()
+            writer.close()
+        for outbox in outboxes:
+            outbox.close()
 
 
 @contextlib.contextmanager
@@ -96,37 +105,48 @@ def _ctrl_c_deferred() -> Iterator[None]:
             signal.raise_signal(signal.SIGINT)
 
 
+def _send(inbox: Any, job: Any, proc: Any) -> None:
+    try:
+        inbox.send(job)
+    except BrokenPipeError:
+        proc.join(_POLL_S)
+        raise _died(proc) from None
+
+
+def _died(proc: Any) -> WorkerDied:
+    return WorkerDied(f"a worker process died (exit code {proc.exitcode}; out of memory? try fewer --workers)")
+
+
 def _receive(outbox: Any, proc: Any) -> Any:
     while True:
         try:
             ok, value = outbox.get(timeout=_POLL_S)
         except queue.Empty:
             if not proc.is_alive():
-                raise WorkerDied(f"a worker process died (exit code {proc.exitcode}; out of memory? "
-                                 "try fewer --workers)") from None
+                raise _died(proc) from None
             continue
         if not ok:
             raise value
         return value
 
 
-def _serve(fn: Callable[[Any], Any], inbox: Any, outbox: Any, initializer: Callable[..., None] | None,
+def _serve(fn: Callable[[Any], Any], inbox: Any, outbox: Any, inherited: list, initializer: Callable[..., None] | None,
            initargs: tuple, parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent(parent)
+    for end in inherited:  # the other workers' pipe ends, copied by the fork: holding them would keep a dead
+        end.close()        # worker's pipe open, and the main process's write to it from breaking
     if initializer is not None:
         initializer(*initargs)
     while True:
-        try:
-            message = inbox.get(timeout=_POLL_S)
-        except queue.Empty:
+        if not inbox.poll(_POLL_S):
             if os.getppid() != parent:  # the main process is gone
                 outbox.cancel_join_thread()
                 return
             continue
-        except EOFError:
-            return
-        if message is None:
+        try:
+            message = inbox.recv()
+        except EOFError:  # the main process closed its end: no more jobs
             return
         try:
             outbox.put((True, fn(message[0])))

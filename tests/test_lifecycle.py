@@ -466,6 +466,36 @@ def test_ctrl_c_during_prepare_with_workers_exits_promptly(tmp_path, delay):
         os.killpg(proc.pid, 0)
 
 
+def test_a_clean_up_that_hangs_after_ctrl_c_prints_the_stacks_and_exits(tmp_path):
+    """The process entry arms a watchdog after a Ctrl-C: a clean-up at exit that never ends (here an atexit
+    handler; in CI once a multiprocessing finalizer) prints every thread's Python stack and exits 1 after
+    EXIT_WATCHDOG_S, instead of hanging the terminal."""
+    ref = tmp_path / "ref.de"
+    ref.write_text("ein Haus\n")
+    script = ("import atexit, sys, time\n"
+              "import nmt_cli.cli as cli\n"
+              "cli.EXIT_WATCHDOG_S = 1.0\n"
+              "def a_stuck_clean_up():\n"
+              "    time.sleep(3600)\n"
+              "atexit.register(a_stuck_clean_up)\n"
+              f"sys.argv = ['nmt', 'score', '--ref', {str(ref)!r}]\n"
+              "print('ready', flush=True)\n"
+              "cli.main()\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=_default_sigint)
+    assert proc.stdout.readline() == "ready\n"
+    time.sleep(1.0)  # `nmt score` now waits for hypotheses on stdin
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("the watchdog did not end a process whose clean-up hangs")
+    assert proc.returncode == 1, err
+    assert err.startswith("interrupted\n"), err
+    assert "Timeout" in err and "in a_stuck_clean_up" in err, err
+
+
 def test_plot_overlays_runs_and_tensorboard_gets_the_same_scalars(toy_data, tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     train(_opts(toy_data, a, max_updates=12, log_interval=3, valid_interval=6, eval_bleu=True,

@@ -251,6 +251,32 @@ def test_ordered_map_raises_worker_errors_and_deaths_and_leaves_no_worker_behind
     assert not mp.active_children()
 
 
+def _kill_self_on_first(job: bytes) -> int:
+    if job[:1] == b"k":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return len(job)
+
+
+def test_ordered_map_runs_no_thread_here_and_a_dead_worker_blocks_nothing():
+    """Jobs go out by plain writes from the calling thread: no feeder thread in this process (a Queue's feeder
+    blocked on a dead worker's full pipe once hung a Ctrl-C at exit). A worker killed while 1 MB jobs wait for
+    it is one WorkerDied, with no thread and no worker left behind."""
+    import multiprocessing as mp
+    import threading
+
+    from nmt_cli.workers import WorkerDied, ordered_map
+
+    before = set(threading.enumerate())
+    big = [b"x" * (1 << 20)] * 12
+    for size in ordered_map(len, iter(big), workers=2):
+        assert size == 1 << 20
+        assert set(threading.enumerate()) == before
+    with pytest.raises(WorkerDied, match="exit code -9"):
+        list(ordered_map(_kill_self_on_first, iter([b"k" * (1 << 20)] + big), workers=2))
+    assert set(threading.enumerate()) == before
+    assert not mp.active_children()
+
+
 def test_force_replaces_only_a_data_dir_prepare_made(toy_data, tmp_path):
     """`--out FILE --force` with FILE an ordinary file (a typo in --out) or a folder of something else: one
     line, exit 2, the file or folder untouched."""
