@@ -20,6 +20,7 @@ WARMUP         ?= 1000
 COOLDOWN       ?= 0.3
 ATTENTION_DROPOUT  ?= 0.1
 ACTIVATION_DROPOUT ?= 0.1
+LABEL_SMOOTHING ?= 0.2
 TRAIN_MINUTES  ?= 60
 AVERAGE_WINDOWS ?= 3 5 8 10
 KEEP_LAST      ?= 10
@@ -61,7 +62,7 @@ $(EXP)/ckpt/.done: $(EXP)/data/meta.json
 	$(NMT) train $(EXP)/data --save-dir $(EXP)/ckpt --arch $(ARCH) --precision $(PRECISION) \
 	  --max-tokens $(MAX_TOKENS) --lr-scale $(LR_SCALE) --warmup $(WARMUP) --max-time $(TRAIN_MINUTES) \
 	  --cooldown $(COOLDOWN) --attention-dropout $(ATTENTION_DROPOUT) \
-	  --activation-dropout $(ACTIVATION_DROPOUT) \
+	  --activation-dropout $(ACTIVATION_DROPOUT) --label-smoothing $(LABEL_SMOOTHING) \
 	  --keep-last $(KEEP_LAST) --seed 1 --device cpu $(TRAIN_FLAGS)
 	@touch $@
 
