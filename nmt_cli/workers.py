@@ -59,7 +59,7 @@ def ordered_map(fn: Callable[[Any], Any], jobs: Iterable[Any], workers: int,
         sent = received = 0
         limit = workers * in_flight_per_worker
         for job in jobs:
-            _send(inboxes[sent % workers][1], (job,), procs[sent % workers])
+            _send(inboxes[sent % workers][1], job, procs[sent % workers])
             sent += 1
             if sent - received >= limit:
                 yield _receive(outboxes[received % workers], procs[received % workers])
@@ -145,11 +145,11 @@ def _serve(fn: Callable[[Any], Any], inbox: Any, outbox: Any, inherited: list, i
                 return
             continue
         try:
-            message = inbox.recv()
+            job = inbox.recv()
         except EOFError:  # the main process closed its end: no more jobs
             return
         try:
-            outbox.put((True, fn(message[0])))
+            outbox.put((True, fn(job)))
         except Exception as e:  # raised again in the main process
             outbox.put((False, e if _picklable(e) else RuntimeError(f"{type(e).__name__}: {e}")))
 
