@@ -83,9 +83,37 @@ def attention_maps(model: Transformer, source: Sequence[int], target: Sequence[i
                          log_probs=[log_probs[i, g].item() for i, g in enumerate(gold)])
 
 
+# A picture's bounds: tick labels stay readable up to ~40 tokens, a map grows 0.16 inch a token, and drawing
+# takes ~10 bytes of memory a pixel (a 46-megapixel PNG peaked at 0.7 GB in all): at most 50 megapixels keeps
+# any picture drawn under 1 GB.
+PICTURE_DPI = 120
+MAX_PICTURE_TOKENS = 120
+MAX_PICTURE_PIXELS = 50_000_000
+
+
+def picture_layout(longest: int, rows: int, columns: int) -> tuple[float, int, int]:
+    """(inches per map, width and height in pixels) of a picture of rows x columns maps of `longest` tokens."""
+    cell = max(2.2, 0.16 * longest)
+    return cell, round(cell * columns * PICTURE_DPI), round((cell * rows + 0.6) * PICTURE_DPI)
+
+
+def check_picture_size(longest: int, rows: int, columns: int) -> None:
+    """One-line refusal of a picture too long to read or too large to draw in bounded memory."""
+    hint = "--json FILE alone writes the weights of any length without a picture"
+    if longest > MAX_PICTURE_TOKENS:
+        raise NmtError(f"the sentence pair has {longest} tokens on its longer side; pictures take at most "
+                       f"{MAX_PICTURE_TOKENS} (readable up to ~40): draw a shorter one; {hint}")
+    _, width, height = picture_layout(longest, rows, columns)
+    if width * height > MAX_PICTURE_PIXELS:
+        raise NmtError(f"{rows} x {columns} maps of {longest} tokens make a {width} x {height}-pixel picture, "
+                       f"more than {MAX_PICTURE_PIXELS // 1_000_000} megapixels: draw fewer with --layer and "
+                       f"--head, or a shorter sentence; {hint}")
+
+
 def plot_attention(maps: AttentionMaps, out: str | Path, layers: Sequence[int] | None = None,
                    heads: Sequence[int] | None = None, fmt: str | None = None) -> Path:
-    """Draw each kind's maps, one row per layer, one column per head plus their mean; returns the file."""
+    """Draw each kind's maps, one row per layer, one column per head plus their mean; returns the file.
+    Refuses (`check_picture_size`) a picture longer or larger than its bounds before drawing anything."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -109,8 +137,9 @@ def plot_attention(maps: AttentionMaps, out: str | Path, layers: Sequence[int] |
     heads = list(heads) if heads else list(range(n_heads))
     columns = len(heads) + (1 if len(heads) > 1 else 0)
     longest = max(len(maps.source), len(maps.target_out))
-    cell = max(2.2, 0.16 * longest)  # inches per map: readable tick labels up to ~40 tokens
     rows = len(KINDS) * len(layers)
+    check_picture_size(longest, rows, columns)
+    cell = picture_layout(longest, rows, columns)[0]
     plt.rcParams["font.family"] = ["DejaVu Sans", *fonts]
     fig, axes = plt.subplots(rows, columns, figsize=(cell * columns, cell * rows + 0.6), squeeze=False)
     font = max(4.0, min(8.0, 220 / max(longest, 1)))
@@ -128,7 +157,7 @@ def plot_attention(maps: AttentionMaps, out: str | Path, layers: Sequence[int] |
                 ax.set_yticks(range(len(queries)), queries, fontsize=font)
     fig.tight_layout()
     with atomic_path(out) as tmp:
-        fig.savefig(tmp, format=fmt, dpi=120)
+        fig.savefig(tmp, format=fmt, dpi=PICTURE_DPI)
     plt.close(fig)
     return out
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from .errors import NmtError
 from .model import ModelConfig, Transformer
-from .pipeline import checkpoint_hint
+from .pipeline import TRANSFORMERS_FOLDER, checkpoint_hint, is_transformers_folder
 from .textio import atomic_path
 from .vocab import Vocabulary
 
@@ -89,6 +89,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     path = Path(path)
     if not path.exists():
         raise NmtError(f"{path}: no such checkpoint")
+    if is_transformers_folder(path):
+        raise NmtError(f"{path}: {TRANSFORMERS_FOLDER}")
     if path.is_dir():
         raise NmtError(f"{path}: is a directory, expected a checkpoint file{checkpoint_hint(path)}")
     try:

@@ -432,22 +432,25 @@ def attention_cmd(
     model: Annotated[Path, typer.Option("--model", "-m", help="Checkpoint (or averaged model).")],
     reference: Annotated[Optional[str], typer.Option(
         help="Target text to force (raw); default: the model's own beam-4 translation.")] = None,
-    output: Annotated[Path, typer.Option("--output", "-o", help="Picture to write (.png, .svg, .pdf).")] = Path(
-        "attention.png"),
+    output: Annotated[Optional[Path], typer.Option(
+        "--output", "-o", help="Picture to write (.png, .svg, .pdf); default attention.png, none with --json alone.")
+    ] = None,
     layer: Annotated[Optional[list[int]], typer.Option(
         help="Layer to draw, 1-based (repeatable; default all).")] = None,
     head: Annotated[Optional[list[int]], typer.Option(help="Head to draw, 1-based (repeatable; default all, and "
                                                            "their mean).")] = None,
     format: Annotated[Optional[str], typer.Option(help="png, svg or pdf (default: from --output).")] = None,
     as_json: Annotated[Optional[Path], typer.Option(
-        "--json", help="Also write the raw weights (layer x head x query x key) and labels to this file.")] = None,
+        "--json", help="Write the raw weights (layer x head x query x key) and labels to this file.")] = None,
 ) -> None:
     """Draw what the model attends to for one sentence: encoder self-attention, decoder self-attention and
     encoder-decoder attention, per layer and head (the paper's Figures 3-5)."""
     from .attention import FORMATS, attention_maps, plot_attention, write_json
     from .translate import Translator
 
-    fmt = (format or output.suffix.lstrip(".") or "png").lower()
+    if output is None and as_json is None:
+        output = Path("attention.png")
+    fmt = (format or (output.suffix.lstrip(".") if output else "") or "png").lower()
     if fmt not in FORMATS:
         raise NmtError(f"{output}: unknown picture format {fmt!r} (use --format png, svg or pdf)")
     translator = Translator.from_checkpoint(model, device="cpu")
@@ -476,10 +479,12 @@ def attention_cmd(
                            f"{translator.max_positions - 2}: give a shorter one")
     vocab = translator.vocab
     maps = attention_maps(net, source, target, vocab.symbols, vocab.bos, vocab.eos)
-    plot_attention(maps, output, [v - 1 for v in layer or ()], [v - 1 for v in head or ()], fmt)
+    if output is not None:
+        plot_attention(maps, output, [v - 1 for v in layer or ()], [v - 1 for v in head or ()], fmt)
     if as_json is not None:
         write_json(maps, as_json)
-    err.print(f"wrote {output}" + (f" and {as_json}" if as_json else "") + f" ({len(maps.source)} source and "
+    written = " and ".join(str(p) for p in (output, as_json) if p is not None)
+    err.print(f"wrote {written} ({len(maps.source)} source and "
               f"{len(maps.target_out)} target tokens; target: {translator.decode(target)})", highlight=False,
               markup=False)
 
@@ -498,7 +503,8 @@ def export_ctranslate2_cmd(
     output: Annotated[Path, typer.Option("--output", "-o", help="Model folder to write.")],
     quantization: Annotated[str, typer.Option(
         help="Weight type: float32, int8, int8_float32, bfloat16, int8_bfloat16, float16, int8_float16.")] = "float32",
-    force: Annotated[bool, typer.Option(help="Replace an existing folder.")] = False,
+    force: Annotated[bool, typer.Option(
+        help="Replace a CTranslate2 export nmt made at --output (nothing else).")] = False,
 ) -> None:
     """Write a CTranslate2 model folder (weights, vocabulary, BPE codes, tokenizer settings) that
     `nmt translate -m DIR` and `nmt serve -m DIR` run without PyTorch."""
@@ -513,7 +519,8 @@ def export_ctranslate2_cmd(
 def export_transformers_cmd(
     model: Annotated[Path, typer.Option("--model", "-m", help="nmt checkpoint (e.g. an averaged model.pt).")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Model folder to write.")],
-    force: Annotated[bool, typer.Option(help="Replace an existing folder.")] = False,
+    force: Annotated[bool, typer.Option(
+        help="Replace a Transformers export nmt made at --output (nothing else).")] = False,
 ) -> None:
     """Write a Hugging Face Transformers folder that AutoModelForSeq2SeqLM and AutoTokenizer load, with a model
     card: a Marian model for --tokenizer sentencepiece models, an FSMT model for Moses + BPE ones."""
@@ -543,8 +550,13 @@ def average_cmd(
             if path.is_dir():
                 raise NmtError(f"{path}: is a directory; give checkpoint files, or --last N {path}")
     if last:
-        if len(paths) != 1 or not paths[0].is_dir():
-            raise NmtError("--last N takes exactly one save directory")
+        if len(paths) != 1:
+            raise NmtError(f"--last N takes exactly one save directory (got {len(paths)} paths)")
+        if not paths[0].exists():
+            raise NmtError(f"{paths[0]}: no such save directory")
+        if not paths[0].is_dir():
+            raise NmtError(f"{paths[0]}: a file, not a save directory; --last N reads the numbered checkpoints of a "
+                           "save dir (or give checkpoint files without --last)")
         found = numbered_checkpoints(paths[0])
         if not found:
             raise NmtError(f"{paths[0]}: no numbered checkpoints (checkpoint_<updates>.pt)")
@@ -829,8 +841,8 @@ def score_cmd(
     tokenized_bleu: Annotated[Optional[str], typer.Option(
         help="Also report the paper-era tokenized, compound-split BLEU (give the target language, e.g. de).")] = None,
     lang: Annotated[Optional[str], typer.Option(
-        "--lang", "-l", help="Target language: chooses BLEU's tokenizer (zh: zh, ja: ja-mecab, ko: ko-mecab, else "
-                             "13a) and TER's Asian support.")] = None,
+        "--lang", "-l", help="Target language: chooses BLEU's tokenizer (zh: zh; ja, ko: ja-mecab, ko-mecab, or "
+                             "char with a warning without MeCab; else 13a) and TER's Asian support.")] = None,
     model: Annotated[Optional[Path], typer.Option(
         "--model", "-m", help="Take the target language from this checkpoint, exported folder or data dir.")] = None,
     tokenize: Annotated[Optional[str], typer.Option(
@@ -839,7 +851,7 @@ def score_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Score detokenized hypotheses against references with sacreBLEU (scores and signatures)."""
-    from .score import score, target_language_of
+    from .score import mecab_fallback, score, target_language_of
     from .textio import read_lines
 
     if hyp is not None:
@@ -862,6 +874,8 @@ def score_cmd(
         if lang is not None and lang != recorded:
             raise NmtError(f"--lang {lang}, but {model} translates into {recorded}")
         lang = recorded
+    if tokenize is None and (fallback := mecab_fallback(lang)):
+        err.print(f"nmt score: warning: {fallback}", markup=False, highlight=False)
     results = score(hyps, refs, [m.strip() for m in metrics.split(",") if m.strip()], tokenized_bleu, tokenize, lang)
     if as_json:
         print(json.dumps(results, indent=2))

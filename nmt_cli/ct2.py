@@ -14,7 +14,7 @@ from typing import Any
 from .errors import NmtError
 from .pipeline import Hyp, TextTranslator, default_workers
 from .segment import segmenter_from, segmenter_of
-from .textio import publish_directory, staging_directory
+from .textio import check_replaceable, export_kind, mark_export, publish_directory, staging_directory
 from .vocab import Vocabulary
 
 FORMAT = "nmt-ctranslate2/1"
@@ -113,8 +113,7 @@ def export_ctranslate2(checkpoint: str | Path, out: str | Path, quantization: st
     if quantization not in QUANTIZATIONS:
         raise NmtError(f"unknown --quantization {quantization!r} (choose from {', '.join(QUANTIZATIONS)})")
     out = Path(out)
-    if out.exists() and not force:
-        raise NmtError(f"{out}: already exists (use --force to replace it)")
+    check_replaceable(out, force, "an nmt export for ctranslate2", lambda f: export_kind(f) == "ctranslate2")
     state = require_keys(load_checkpoint(checkpoint), checkpoint)
     segmenter_of(state, checkpoint)  # a tokenizer it cannot rebuild is refused before anything is written
     spec = build_spec(state)
@@ -136,6 +135,7 @@ def export_ctranslate2(checkpoint: str | Path, out: str | Path, quantization: st
             (model_dir / "spm.model").write_bytes(state["sentencepiece"])
         else:
             (model_dir / "bpe.codes").write_text(state["bpe_codes"], encoding="utf-8")
+        mark_export(model_dir, "ctranslate2")
         publish_directory(model_dir, out)
     return out
 

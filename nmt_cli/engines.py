@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .errors import NmtError
-from .pipeline import TextTranslator, checkpoint_hint, is_exported_model
+from .pipeline import TRANSFORMERS_FOLDER, TextTranslator, checkpoint_hint, is_exported_model, is_transformers_folder
 
 ENGINES = ("auto", "nmt", "ctranslate2")
 
@@ -25,6 +25,8 @@ def load_translator(paths: Sequence[str | Path], device: str | None = None, prec
         raise NmtError(f"unknown --engine {engine!r} (choose from {', '.join(ENGINES)})")
     exported = [p for p in paths if is_exported_model(p)]
     for path in paths:
+        if is_transformers_folder(path):
+            raise NmtError(f"{path}: {TRANSFORMERS_FOLDER}")
         if Path(path).is_dir() and path not in exported:
             raise NmtError(f"{path}: a folder without model.bin; give a checkpoint (.pt) or an `nmt export` folder"
                            + checkpoint_hint(path))

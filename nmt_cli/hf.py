@@ -27,7 +27,8 @@ import torch
 
 from .checkpoint import load_checkpoint, model_from_checkpoint, require_keys
 from .errors import NmtError
-from .textio import publish_directory, staging_directory
+from .segment import with_plain_spaces
+from .textio import check_replaceable, export_kind, mark_export, publish_directory, staging_directory
 
 INSTALL_HINT = ("nmt export transformers needs Hugging Face Transformers; install it with: pip install "
                 "'nmt-cli[hf]' (or pip install transformers)")
@@ -219,8 +220,7 @@ def export_transformers(checkpoint: str | Path, out: str | Path, force: bool = F
     except ImportError:
         raise NmtError(INSTALL_HINT) from None
     out = Path(out)
-    if out.exists() and not force:
-        raise NmtError(f"{out}: already exists (use --force to replace it)")
+    check_replaceable(out, force, "an nmt export for transformers", lambda f: export_kind(f) == "transformers")
     state = require_keys(load_checkpoint(checkpoint), checkpoint)
     if (state.get("tokenizer") or {}).get("name", "moses") == "moses":
         return _export_fsmt(state, checkpoint, out)
@@ -243,8 +243,9 @@ def export_transformers(checkpoint: str | Path, out: str | Path, force: bool = F
     with staging_directory(out) as staging:
         folder = staging / "model"
         model.save_pretrained(folder)
+        spm = with_plain_spaces(state["sentencepiece"])  # MarianTokenizer gives it raw text: spaces as nmt's
         for name in ("source.spm", "target.spm"):
-            (folder / name).write_bytes(state["sentencepiece"])
+            (folder / name).write_bytes(spm)
         (folder / "vocab.json").write_text(json.dumps({s: i for i, s in enumerate(state["vocab"])},
                                                       ensure_ascii=False), encoding="utf-8")
         tokenizer_config = {"tokenizer_class": "MarianTokenizer", "source_lang": state["source_lang"],
@@ -254,6 +255,7 @@ def export_transformers(checkpoint: str | Path, out: str | Path, force: bool = F
         (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n",
                                                       encoding="utf-8")
         (folder / "README.md").write_text(model_card(state, checkpoint, "marian"), encoding="utf-8")
+        mark_export(folder, "transformers")
         publish_directory(folder, out)
     return out
 
@@ -286,5 +288,6 @@ def _export_fsmt(state: dict, checkpoint: str | Path, out: Path) -> Path:
         (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n",
                                                       encoding="utf-8")
         (folder / "README.md").write_text(model_card(state, checkpoint, "fsmt"), encoding="utf-8")
+        mark_export(folder, "transformers")
         publish_directory(folder, out)
     return out

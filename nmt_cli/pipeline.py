@@ -182,6 +182,17 @@ def checkpoint_hint(folder: str | Path) -> str:
     return next((f"; did you mean {Path(folder) / name}?" for name in names if (Path(folder) / name).is_file()), "")
 
 
+def is_transformers_folder(path: str | Path) -> bool:
+    """Whether `path` is a Hugging Face Transformers model folder (`nmt export transformers` writes one)."""
+    folder = Path(path)
+    return folder.is_dir() and (folder / "config.json").is_file() and not (folder / "model.bin").is_file()
+
+
+TRANSFORMERS_FOLDER = ("a Hugging Face Transformers folder: nmt does not run those; load it in Python with "
+                       "AutoTokenizer and AutoModelForSeq2SeqLM.from_pretrained (its README.md shows how), or give "
+                       "nmt the checkpoint (.pt) it was exported from")
+
+
 def is_exported_model(path: str | Path) -> bool:
     """Whether `path` is a folder written by `nmt export ctranslate2`."""
     return Path(path).is_dir() and (Path(path) / "model.bin").is_file()

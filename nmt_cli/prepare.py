@@ -41,7 +41,7 @@ from .segment import (
     plain_spaces,
     train_sentencepiece,
 )
-from .textio import file_sha256, iter_lines, publish_directory, staging_directory
+from .textio import check_replaceable, file_sha256, iter_lines, publish_directory, staging_directory
 from .vocab import Vocabulary
 from .workers import ordered_map
 
@@ -302,11 +302,7 @@ def _check_options(opts: PrepareOptions) -> Path:
     if opts.source_lang == opts.target_lang:
         raise NmtError(f"source and target language are both {opts.source_lang!r}")
     out = Path(opts.out)
-    if out.exists() and not opts.force:
-        raise NmtError(f"{out}: already exists (use --force to overwrite)")
-    if out.exists() and not (out.is_dir() and not out.is_symlink() and (out / "meta.json").is_file()):
-        raise NmtError(f"{out}: not a data dir that nmt prepare made (no meta.json); --force replaces only those: "
-                       "choose another --out")
+    check_replaceable(out, opts.force, "a data dir of nmt prepare", lambda f: (f / "meta.json").is_file(), "--out")
     return out
 
 

@@ -35,6 +35,16 @@ def default_tokenize(lang: str | None) -> str:
     return "13a"
 
 
+def mecab_fallback(lang: str | None) -> str | None:
+    """A line saying that BLEU for Japanese or Korean falls back to characters because MeCab is missing (and
+    how to install it), or None."""
+    base = base_language(lang or "")
+    if base not in ("ja", "ko") or default_tokenize(lang) != "char":
+        return None
+    return (f"MeCab is not installed, so BLEU tokenizes {lang} by characters instead of {base}-mecab: "
+            f"pip install 'sacrebleu[{base}]' for the standard one")
+
+
 def score(hyps: Sequence[str], refs: Sequence[Sequence[str]], metrics: Sequence[str] = ("bleu", "chrf", "ter"),
           tokenized_bleu_lang: str | None = None, tokenize: str | None = None, lang: str | None = None) -> list[dict]:
     """One record per metric: name, score, signature and sacreBLEU's full line.

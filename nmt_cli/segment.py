@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import re
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -132,6 +133,34 @@ def segmenter_of(state: dict, path: str | Path) -> Segmenter:
 
 def one_line(error: BaseException) -> str:
     return " ".join(str(error).split())[:200] or type(error).__name__
+
+
+def with_plain_spaces(model: bytes) -> bytes:
+    """The SentencePiece model `model` with `plain_spaces` inside it: its normalizer maps every Unicode space to
+    an ASCII space, so a tool that gives it raw text (Transformers' MarianTokenizer) gets nmt's pieces. Only
+    models with the identity normalizer (all that nmt trains) are changed; others are returned as they are."""
+    import sentencepiece
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model)
+    if proto.normalizer_spec.name != "identity" or proto.normalizer_spec.precompiled_charsmap:
+        return model
+    spaces = [c for c in map(chr, range(0x110000)) if c != " " and _SPACES.match(c)]
+    with tempfile.TemporaryDirectory() as folder:
+        # The charsmap is compiled by SentencePiece's trainer alone: train a throwaway model with the rules.
+        rules, text = Path(folder) / "rules.tsv", Path(folder) / "text.txt"
+        rules.write_text("".join(f"{ord(c):X}\t20\n" for c in spaces), encoding="utf-8")
+        text.write_text("a b\n" * 4, encoding="utf-8")
+        throwaway = io.BytesIO()
+        sentencepiece.SentencePieceTrainer.train(input=str(text), model_writer=throwaway, vocab_size=5,
+                                                 model_type="char", hard_vocab_limit=False, minloglevel=2,
+                                                 normalization_rule_tsv=str(rules))
+    compiled = sentencepiece_model_pb2.ModelProto()
+    compiled.ParseFromString(throwaway.getvalue())
+    proto.normalizer_spec.name = "nmt_plain_spaces"
+    proto.normalizer_spec.precompiled_charsmap = compiled.normalizer_spec.precompiled_charsmap
+    return proto.SerializeToString()
 
 
 def train_sentencepiece(files: Sequence[Path], vocab_size: int, model_type: str = "unigram",

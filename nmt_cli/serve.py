@@ -299,13 +299,21 @@ def parse_request(body: bytes, limits: ServeLimits, max_positions: int = 1024,
     return ParsedRequest(text, tuple(sorted(options.items())), single, return_scores)
 
 
+def token_bound(sentence: str) -> int:
+    """At least as many tokens as any of nmt's tokenizers makes of `sentence`: its UTF-8 bytes, plus one.
+    A Moses + BPE token is at most a piece per character; SentencePiece's byte fallback spells a character
+    outside its vocabulary (an emoji, a rare CJK character) in one piece per UTF-8 byte, after a word-start
+    piece."""
+    return len(sentence.encode("utf-8", "surrogatepass")) + 1
+
+
 def decoder_work(sentences: list[str], options: dict, max_positions: int) -> int:
     """An upper bound on the decoder tokens a request can cost: for each sentence, hypotheses (the beam, 1 when
-    greedy) x its length limit a x length + b, where a sentence has no more tokens than characters, and no limit
-    exceeds the model's positions."""
+    greedy) x its length limit a x length + b, with `token_bound` as its length, and no limit beyond the
+    model's positions."""
     hypotheses = 1 if options["greedy"] else options["beam"]
     cap = max_positions - 1
-    return sum(hypotheses * min(int(options["max_len_a"] * len(s) + options["max_len_b"]) + 1, cap)
+    return sum(hypotheses * min(int(options["max_len_a"] * token_bound(s) + options["max_len_b"]) + 1, cap)
                for s in sentences)
 
 

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import gzip
 import hashlib
+import json
 import os
 import re
 import shutil
 import socket
+import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .errors import NmtError
@@ -96,6 +100,9 @@ def temporary_prefix(path: Path) -> str:
     return f".{path.name}.{os.getpid()}@{host_name()}."
 
 
+_ASIDE = "old-"  # the random part of a name that `move_aside` gave
+
+
 def remove_temporaries(folder: Path, name: str | None = None) -> None:
     """Remove the `.NAME.PID@HOST.*.tmp` files and directories in `folder` (of `name`, or of any name) left by
     processes of this host that are gone: what killed runs left behind. Another host's are left alone (its
@@ -103,17 +110,25 @@ def remove_temporaries(folder: Path, name: str | None = None) -> None:
     if not folder.is_dir():
         return
     here = host_name()
-    for entry in folder.glob(f".{name}.*.tmp" if name else ".*.tmp"):
+    for entry in sorted(folder.glob(f".{name}.*.tmp" if name else ".*.tmp")):
         parts = entry.name[: -len(".tmp")].rsplit(".", 2)
         if len(parts) != 3 or (name is not None and parts[0] != f".{name}"):
             continue
         pid, _, host = parts[1].partition("@")  # no host: written by an older nmt, on this machine
         if not pid.isdigit() or (host and host != here) or int(pid) == os.getpid() or alive(int(pid)):
             continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
+        target = folder / parts[0][1:]
+        if parts[2].startswith(_ASIDE) and not target.exists() and not target.is_symlink():
+            os.replace(entry, target)  # the run died between moving the old one aside and renaming the new in
+            print(f"nmt: restored {target} (a run replacing it was killed)", file=sys.stderr)
+            continue
+        folder_left = entry.is_dir() and not entry.is_symlink()
+        try:
+            remove_path(entry)
+        except OSError:
+            continue
+        if folder_left:
+            print(f"nmt: removed {entry}, the unfinished folder of a killed run", file=sys.stderr)
 
 
 def alive(pid: int) -> bool:
@@ -188,16 +203,117 @@ def staging_directory(out: Path) -> Iterator[Path]:
             shutil.rmtree(path)
 
 
+_RENAME_EXCHANGE = 2  # linux/fs.h
+
+
+def exchange_paths(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one atomic step (Linux renameat2 with RENAME_EXCHANGE); False where the system
+    or the filesystem cannot, having changed nothing."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd = -100
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def remove_path(path: Path) -> None:
+    """Remove a file, a symlink (never what it points to) or a directory tree."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def move_aside(out: Path) -> Path:
+    """Rename `out` to a temporary name beside it that `remove_temporaries` restores if this process dies
+    before the replacement is in place; returns that name."""
+    aside = out.parent / f"{temporary_prefix(out)}{_ASIDE}{os.urandom(4).hex()}.tmp"
+    os.replace(out, aside)
+    return aside
+
+
 def publish_directory(staging: Path, out: Path) -> None:
     """Make a finished staging directory `out`, durably: its files and entries are flushed before the rename.
-    An existing `out` is replaced (a file or symlink there is removed, never what a link points to)."""
+
+    An existing `out` is replaced without a moment in which the name holds neither folder: the two are swapped
+    in one step where the filesystem allows it (then the old one is deleted); elsewhere the old one is moved
+    aside first, and a run killed before the new one is renamed in has it restored by the next run."""
     apply_default_mode(staging, directory=True)
     for path in staging.iterdir():
         fsync_path(path)
     fsync_path(staging, directory=True)
-    if out.is_symlink() or out.is_file():
-        out.unlink()
-    elif out.exists():
-        shutil.rmtree(out)
-    os.replace(staging, out)
+    if not out.exists() and not out.is_symlink():
+        os.replace(staging, out)
+    elif exchange_paths(staging, out):
+        fsync_path(out.parent, directory=True)
+        remove_path(staging)  # now the old folder
+    else:
+        aside = move_aside(out)
+        os.replace(staging, out)
+        fsync_path(out.parent, directory=True)
+        remove_path(aside)
     fsync_path(out.parent, directory=True)
+
+
+EXPORT_MARKER = "nmt-export.json"  # written last into an export folder: the folder is a finished export
+
+
+def mark_export(folder: Path, kind: str) -> None:
+    """Record in `folder`, as its last file, that it is a finished nmt export of `kind`."""
+    (folder / EXPORT_MARKER).write_text(json.dumps({"kind": kind}) + "\n", encoding="utf-8")
+
+
+def export_kind(folder: Path) -> str | None:
+    """The kind of nmt export `folder` is, or None when it is not a finished one."""
+    text = read_small_file(folder / EXPORT_MARKER) if folder.is_dir() else None
+    try:
+        return json.loads(text)["kind"] if text else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def describe_path(path: Path) -> str:
+    """What a user would call the thing at `path`, in a few words: a file, a save dir, a data dir, an export."""
+    if path.is_symlink():
+        return "a symbolic link"
+    if not path.is_dir():
+        return "a file"
+    if (kind := export_kind(path)) is not None:
+        return f"an nmt export for {kind}"
+    if (path / "meta.json").is_file():
+        return "a data dir of nmt prepare"
+    entries = list(path.iterdir())
+    checkpoints = sum(1 for e in entries if e.suffix == ".pt")
+    if checkpoints:
+        return f"a folder with {_count(checkpoints, 'checkpoint')} (.pt) among {_count(len(entries), 'entry')}"
+    if not entries:
+        return "an empty folder"
+    folders = sum(1 for e in entries if e.is_dir())
+    return f"a folder with {_count(len(entries) - folders, 'file')} and {_count(folders, 'folder')}"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun if n == 1 else noun[:-1] + 'ies' if noun.endswith('y') else noun + 's'}"
+
+
+def check_replaceable(out: Path, force: bool, what: str, is_finished: Callable[[Path], bool],
+                      flag: str = "--output") -> None:
+    """Refuse, in one line, to write over `out` unless it is absent, or `force` is given and `out` is a folder
+    that `is_finished` recognises as `what` (a previous output of the same command): --force never replaces
+    anything else, the working directory or a folder above it included."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if not force:
+        raise NmtError(f"{out}: already exists (use --force to replace it)")
+    resolved, cwd = out.resolve(), Path.cwd().resolve()
+    if resolved == cwd or resolved in cwd.parents:
+        raise NmtError(f"{out}: is the working directory or holds it; --force never replaces that: "
+                       f"choose another {flag}")
+    if out.is_symlink() or not out.is_dir() or not is_finished(out):
+        raise NmtError(f"{out}: {describe_path(out)}, not {what} (the only folder --force replaces): "
+                       f"choose another {flag}")

@@ -71,9 +71,29 @@ def check_resume(state: dict, path: Path, config: ModelConfig, data: DataDir) ->
         raise NmtError(f"{path}: vocabulary differs from {data.path / 'vocab.txt'} "
                        f"({len(state['vocab'])} vs {len(data.vocab)} symbols); use another --save-dir")
     saved = ModelConfig.from_dict(state["config"])
-    if saved != config:
-        diffs = [f"{k} {v} vs {getattr(config, k)}" for k, v in saved.to_dict().items() if getattr(config, k) != v]
+    diffs = [f"{k} {v} vs {getattr(config, k)}" for k, v in saved.to_dict().items()
+             if k not in DROPOUT_FIELDS and getattr(config, k) != v]
+    if diffs:
         raise NmtError(f"{path}: architecture differs from this command's ({', '.join(diffs)}); use another --save-dir")
+
+
+def resumed_config(saved: ModelConfig, config: ModelConfig, opts: TrainOptions) -> tuple[ModelConfig, list[str]]:
+    """The config a resumed run trains with: the saved one, with the dropout rates given on this command line
+    (a rate not given keeps the saved value, not the preset's); and a line per rate that changed."""
+    given = {k: getattr(config, k) for k in DROPOUT_FIELDS if getattr(opts, k) is not None}
+    new = replace(saved, **given)
+    changes = [f"--{k.replace('_', '-')} {getattr(saved, k)} -> {getattr(new, k)}" for k in DROPOUT_FIELDS
+               if getattr(saved, k) != getattr(new, k)]
+    return new, changes
+
+
+def restore_scaler(scaler: torch.amp.GradScaler, saved: dict) -> str | None:
+    """Load a saved fp16 loss scaler; a run that saved none (bf16 or fp32 until now) starts a fresh one, and the
+    line returned says so."""
+    if scaler.is_enabled() and not saved:
+        return f"a fresh fp16 loss scale ({scaler.get_scale():g}): the run being resumed kept none"
+    scaler.load_state_dict(saved)
+    return None
 
 
 def check_options(opts: TrainOptions) -> None:
@@ -133,8 +153,9 @@ def check_architecture_flags(opts: TrainOptions, model: ModelConfig) -> None:
 # streams would differ. World size is handled by TrainState.rescale.
 EXACT_RESUME_OPTIONS = ("max_tokens", "update_freq", "seed")
 # Options a resumed run may change; it follows the new values from the next update on, and says so.
-SCHEDULE_OPTIONS = ("lr_scale", "warmup", "cooldown", "label_smoothing", "clip_norm", "dropout", "attention_dropout",
-                    "activation_dropout", "precision")
+# The dropout rates may change too; they are compared as the model config has them (see `resumed_config`).
+SCHEDULE_OPTIONS = ("lr_scale", "warmup", "cooldown", "label_smoothing", "clip_norm", "precision")
+DROPOUT_FIELDS = ("dropout", "attention_dropout", "activation_dropout")
 
 
 def changed_options(path: Path, opts: TrainOptions) -> list[str]:
@@ -212,16 +233,19 @@ class Trainer:
                                  attention_dropout=opts.attention_dropout,
                                  activation_dropout=opts.activation_dropout, pre_norm=opts.pre_norm,
                                  head_dim=opts.head_dim, learned_positions=opts.learned_positions)
-        self.config = config
         self.save_dir = Path(opts.save_dir)
         if self.save_dir.exists() and not self.save_dir.is_dir():
             raise NmtError(f"{self.save_dir}: not a directory (--save-dir)")
         self.last_path = self.save_dir / "checkpoint_last.pt"
         resume = load_checkpoint(self.last_path) if self.last_path.exists() else None
+        self.schedule_changes: list[str] = []
         if resume is not None:
             check_resume(resume, self.last_path, config, data)
+            self.schedule_changes = changed_options(self.save_dir / "options.json", opts)
+            config, rate_changes = resumed_config(ModelConfig.from_dict(resume["config"]), config, opts)
+            self.schedule_changes += rate_changes
+        self.config = config
         self.resumed = resume is not None
-        self.schedule_changes = changed_options(self.save_dir / "options.json", opts) if resume is not None else []
 
         self.ctx = ctx = D.init_distributed(device)
         if ctx.enabled:
@@ -237,7 +261,8 @@ class Trainer:
         if resume is not None:
             model.load_state_dict(resume["model"])
             self.optimizer.load_state_dict(resume["optimizer"])
-            self.scaler.load_state_dict(resume["scaler"])
+            if (fresh_scale := restore_scaler(self.scaler, resume["scaler"])) is not None:
+                self.schedule_changes.append(fresh_scale)
             self.state = TrainState.from_dict(resume["progress"])
             rngs = resume["rng"]
             set_rng_state(rngs[ctx.rank] if len(rngs) == ctx.world_size else rngs[0], device)

@@ -8,7 +8,14 @@ import json
 import pytest
 import torch
 
-from nmt_cli.attention import attention_maps, piece_words, record_attention, word_alignments
+from nmt_cli.attention import (
+    MAX_PICTURE_TOKENS,
+    attention_maps,
+    check_picture_size,
+    piece_words,
+    record_attention,
+    word_alignments,
+)
 from nmt_cli.segment import MosesBpe
 from nmt_cli.translate import Translator
 
@@ -161,3 +168,31 @@ def test_serve_gives_the_alignments_translate_gives(toy_model, translator, sente
         assert status == 200 and "alignments" not in body
         status, body = server.post({"text": sentences[:2], "alignments": True, "nbest": 2})
         assert status == 422 and "nbest" in body["error"]
+
+
+def test_attention_pictures_are_bounded_in_length_and_pixels(toy_model, translator, tmp_path, monkeypatch):
+    """A picture takes at most MAX_PICTURE_TOKENS a side (drawn at the bound, refused one token past it) and at
+    most 50 megapixels (all maps of a long sentence: refused before drawing); --json alone writes the weights
+    of a sentence of any length."""
+    assert len(translator.encode(["w3"])[0]) == 1  # one BPE piece: n words are n + 1 encoder positions
+    at_bound = " ".join(["w3"] * (MAX_PICTURE_TOKENS - 1))
+    one_map = ["--reference", "W3.", "--layer", "1", "--head", "1"]
+    result = run_cli("attention", at_bound, "-m", toy_model, *one_map, "-o", tmp_path / "at.png")
+    assert result.exit_code == 0, result.output
+    assert f"({MAX_PICTURE_TOKENS} source and" in result.stderr
+    assert (tmp_path / "at.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    past = at_bound + " w3"
+    expect_error(run_cli("attention", past, "-m", toy_model, *one_map, "-o", tmp_path / "past.png"),
+                 f"has {MAX_PICTURE_TOKENS + 1} tokens", f"at most {MAX_PICTURE_TOKENS}", "--json FILE alone")
+    expect_error(run_cli("attention", " ".join(["w3"] * 79), "-m", toy_model, "--reference", "W3.", "-o",
+                         tmp_path / "all.png"), "6 x 5 maps of 80 tokens", "more than 50 megapixels", "--layer")
+    assert not (tmp_path / "past.png").exists() and not (tmp_path / "all.png").exists()
+    monkeypatch.chdir(tmp_path)  # where a default attention.png would go
+    result = run_cli("attention", " ".join(["w3"] * 300), "-m", toy_model, "--reference", "W3.", "--json",
+                     "long.json")
+    assert result.exit_code == 0, result.output
+    assert len(json.loads((tmp_path / "long.json").read_text())["source"]) == 301
+    assert not (tmp_path / "attention.png").exists()
+    check_picture_size(MAX_PICTURE_TOKENS, 3, 1)
+    with pytest.raises(Exception, match="megapixels"):
+        check_picture_size(100, 18, 9)  # base, all maps, 100 tokens: the 17,000 x 35,000-pixel picture

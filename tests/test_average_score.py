@@ -121,3 +121,29 @@ def test_score_line_count_mismatch(tmp_path):
     ref.write_text("one\n")
     r = run_cli("score", "--ref", ref, "--hyp", hyp)
     expect_error(r, "has 2 lines")
+
+
+def test_average_last_names_what_is_wrong_with_its_folder(two_checkpoints, tmp_path):
+    expect_error(run_cli("average", "--last", "5", tmp_path / "nosuchdir", "-o", tmp_path / "a.pt"),
+                 "nosuchdir: no such save directory")
+    a, b = two_checkpoints / "checkpoint_3.pt", two_checkpoints / "checkpoint_6.pt"
+    expect_error(run_cli("average", "--last", "5", a, "-o", tmp_path / "a.pt"), "a file, not a save directory")
+    expect_error(run_cli("average", "--last", "5", a, b, "-o", tmp_path / "a.pt"), "exactly one save directory",
+                 "got 2 paths")
+    assert not (tmp_path / "a.pt").exists()
+
+
+def test_score_says_when_japanese_bleu_falls_back_to_characters(tmp_path, monkeypatch):
+    """Without MeCab, --lang ja scores BLEU on characters: said on stderr, not silently."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "MeCab" else real(name, *a))
+    (tmp_path / "h").write_text("今日は晴れです。\n", encoding="utf-8")
+    (tmp_path / "r").write_text("今日は晴れだ。\n", encoding="utf-8")
+    result = run_cli("score", "--hyp", tmp_path / "h", "-r", tmp_path / "r", "--lang", "ja", "--metrics", "bleu")
+    assert result.exit_code == 0, result.output
+    assert "MeCab is not installed, so BLEU tokenizes ja by characters" in result.stderr
+    assert "sacrebleu[ja]" in result.stderr and "tok:char" in result.stdout
+    quiet = run_cli("score", "--hyp", tmp_path / "h", "-r", tmp_path / "r", "--lang", "de", "--metrics", "bleu")
+    assert quiet.exit_code == 0 and "warning" not in quiet.stderr

@@ -115,16 +115,42 @@ def test_signal_on_an_epoch_end_keeps_its_validation_and_numbered_checkpoint(toy
     assert [r["update"] for r in _log(save) if r["event"] == "valid"] == [per_epoch, 2 * per_epoch]
 
 
-def test_second_ctrl_c_aborts_at_once(toy_data, tmp_path):
-    save = tmp_path / "ck"
-    proc = subprocess.Popen(_train_cli(toy_data, save, "--max-updates", "100000", "--arch", "base"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _wait_for_updates(save, 1, proc, timeout=240)
+_SLOW_SAVE = """
+import sys, time
+from pathlib import Path
+import nmt_cli.checkpoint as checkpoint
+marker, original = Path(sys.argv.pop(1)), checkpoint.save_checkpoint
+def slow_save(*args, **kwargs):  # a save that takes a minute: a big model on a slow disk
+    marker.touch()
+    time.sleep(60)
+    original(*args, **kwargs)
+checkpoint.save_checkpoint = slow_save
+from nmt_cli.cli import main
+sys.argv[0] = "nmt"
+main()
+"""
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_second_ctrl_c_aborts_at_once(toy_data, tmp_path, background):
+    """The first Ctrl-C asks for a graceful stop, whose save here takes a minute; the second one, sent while
+    that save is under way (on the writer thread, or on the training thread), ends the process within seconds."""
+    save, marker = tmp_path / "ck", tmp_path / "saving"
+    cmd = _train_cli(toy_data, save, "--max-updates", "100000", *([] if background else ["--no-background-save"]))
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_SAVE, str(marker), *cmd[3:]], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    _wait_for_updates(save, 1, proc)
     proc.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert marker.exists(), "no save started after the first Ctrl-C"
     time.sleep(0.2)
+    start = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "Traceback" not in err, err
+    _, err = proc.communicate(timeout=120)
+    threshold("seconds from the second Ctrl-C to exit, a 60-second save in flight", time.monotonic() - start, high=15)
+    assert proc.returncode == 130 and "Traceback" not in err and "interrupted" in err, err
 
 
 def test_rerunning_a_finished_command_trains_nothing(toy_data, tmp_path):

@@ -285,12 +285,13 @@ def test_force_replaces_only_a_data_dir_prepare_made(toy_data, tmp_path):
             "20", "--quiet", "--workers", "1", "--force", "--out"]
     precious = tmp_path / "notes.txt"
     precious.write_text("do not lose me\n")
-    expect_error(run_cli(*args, precious), "notes.txt", "not a data dir that nmt prepare made")
+    expect_error(run_cli(*args, precious), "notes.txt: a file, not a data dir of nmt prepare")
     assert precious.read_text() == "do not lose me\n"
     folder = tmp_path / "photos"
     folder.mkdir()
     (folder / "a.jpg").write_bytes(b"x")
-    expect_error(run_cli(*args, folder), "photos", "--force replaces only those")
+    expect_error(run_cli(*args, folder), "photos: a folder with 1 file and 0 folders",
+                 "the only folder --force replaces")
     assert (folder / "a.jpg").exists()
     assert run_cli(*args, tmp_path / "data").exit_code == 0  # and a data dir is replaced as before
     assert run_cli(*args, tmp_path / "data").exit_code == 0

@@ -299,6 +299,11 @@ def test_transformers_export_is_the_same_model(spm_model, spm_data, tmp_path):
     refs = (spm_data / "valid.raw.en").read_text(encoding="utf-8").splitlines()[:60]
     ids = nmt.encode(sources)
     assert [tokenizer(s)["input_ids"] for s in sources] == [x + [vocab.eos] for x in ids]
+    # Unicode spaces (nmt makes them ASCII before SentencePiece; the exported model's normalizer does the same)
+    spaced = [s.replace(" ", sp, 1) + sp + "end" for s in sources[:10] + refs[:10]
+              for sp in ("\u3000", "\u00a0", "\u2009", "\t", "\u2028")]
+    assert sum(sp in s for s in spaced for sp in ("\u3000", "\u00a0")) >= 40
+    assert [tokenizer(s)["input_ids"] for s in spaced] == [x + [vocab.eos] for x in nmt.encode(spaced)]
     worst = 0.0
     for source, ref in zip(ids[:30], refs[:30]):
         target = vocab.encode(nmt.segmenter.segment(ref, "en"))
@@ -318,6 +323,8 @@ def test_transformers_export_is_the_same_model(spm_model, spm_data, tmp_path):
         same += tokenizer.decode(out[0], skip_special_tokens=True).strip() == expected.strip()
     threshold("greedy lines equal to nmt's (of 60)", same, low=59)
     expect_error(run_cli("export", "transformers", "-m", spm_model, "-o", folder), "already exists")
+    for command in (["translate", "-m", folder], ["export", "ctranslate2", "-m", folder, "-o", tmp_path / "ct2"]):
+        expect_error(run_cli(*command, input="你好\n"), "a Hugging Face Transformers folder", "from_pretrained")
 
 
 def test_transformers_export_refuses_what_it_cannot_hold(toy_model, spm_model, tmp_path):
@@ -396,3 +403,31 @@ def test_separate_vocabulary_measurement_refuses_bad_input_in_one_line(tatoeba, 
         assert done.returncode != 0 and "Traceback" not in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("separate_vocab: ")
         assert message in done.stderr
+
+
+def test_serve_counts_byte_fallback_pieces_before_the_work(spm_model):
+    """SentencePiece spells a character outside its vocabulary in one piece per UTF-8 byte, so a line of emoji
+    has ~4x more pieces than characters: the server's decoder-work bound covers them, and a request over the
+    budget gets its 413 before the translator sees it."""
+    from nmt_cli.serve import ServeLimits, token_bound
+    from nmt_cli.translate import Translator
+
+    from .test_serve import Server, SlowTranslator
+
+    translator = Translator.from_checkpoint(spm_model)
+    emoji = "\U0001F600" * 20
+    lines = [emoji, "\U00020000\U00020001\U00020002 rare", "汉字 \U0001F600 and text", "plain words", "a\u3000b"]
+    for line in lines:
+        assert len(translator.encode([line])[0]) <= token_bound(line), line
+    pieces = len(translator.encode([emoji])[0])
+    assert pieces >= 4 * len(emoji)  # what a characters-based bound (20) missed
+    slow = SlowTranslator(translator)
+    slow.release.set()
+    request = {"text": [emoji], "greedy": True, "max_len_a": 1, "max_len_b": 0}  # up to `pieces` steps
+    with Server(slow, ServeLimits(max_work=pieces // 2)) as server:
+        status, body = server.post(request)
+        assert status == 413 and "tokens" in body["error"], body
+        assert not slow.calls
+    with Server(slow, ServeLimits(max_work=token_bound(emoji) + 1)) as server:
+        status, body = server.post(request)  # within the budget: served
+        assert status == 200 and slow.calls

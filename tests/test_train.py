@@ -120,7 +120,9 @@ def test_two_processes_equal_one_with_update_freq_2(toy_data, tmp_path):
             x, y = torch.cat([x[:d], x[2 * d :]]), torch.cat([y[:d], y[2 * d :]])
         torch.testing.assert_close(x, y, atol=2e-6, rtol=1e-5, msg=name)
     fresh = _params(single / "checkpoint_2.pt")
-    assert any(not torch.equal(fresh[n], a[n]) for n in a)  # training moved the weights
+    # The last two updates moved the weights far more than the comparison above tolerates (atol 2e-6).
+    threshold("largest weight change in updates 3-4", max(float((fresh[n] - a[n]).abs().max()) for n in a),
+              low=2e-4)
     log = [json.loads(x) for x in (ddp / "train.jsonl").read_text().splitlines()]
     assert log[0]["world_size"] == 2
 
@@ -223,14 +225,22 @@ def test_one_host_read_per_update_not_per_micro_batch(toy_data, monkeypatch):
             return _original(self, *a, **kw)
 
         monkeypatch.setattr(torch.Tensor, name, counted)
-    before = [p.detach().clone() for p in model.parameters()]
+    def batch_loss() -> float:
+        with torch.no_grad():
+            loss = TranslationLoss(model, 0.1)
+            return sum(float(loss(b.src, b.prev_output, b.target_index, b.target)) for b in micro)
+
+    model.eval()
+    loss_before = batch_loss()
+    model.train()
     loss, tokens, flags = train_step(TranslationLoss(model, 0.1), model, micro, optimizer, scaler,
                                      _opts(toy_data, Path(".")), D.DistContext(), torch.device("cpu"),
                                      lambda: [1.0, 0.0, 2.5])
     monkeypatch.undo()
     assert len(reads) == 1, reads
     assert tokens == sum(b.ntokens for b in micro) and loss > 0 and flags == [1.0, 0.0, 2.5]
-    assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    model.eval()
+    threshold("loss drop on the same batches after one update", loss_before - batch_loss(), low=0.05 * loss_before)
 
 
 @pytest.mark.parametrize("processes", [1, 2])
@@ -340,3 +350,38 @@ def test_a_resume_that_cannot_be_exact_is_refused_and_schedule_changes_are_repor
     warnings = [json.loads(x)["message"] for x in (save / "train.jsonl").read_text().splitlines() if '"warning"' in x]
     assert warnings[1:] == ["resuming at update 3 with --warmup 50 -> 20: the new values apply from the next update on"]
     assert warnings[0].startswith("--warmup 50 is more than --max-updates 3")  # the first run's
+
+
+def test_dropout_rates_may_change_on_resume_and_a_rate_not_given_keeps_its_value(toy_data, tmp_path):
+    """Dropout is not architecture: a resume with another --dropout trains with it from the next update, says
+    so (stderr and train.jsonl), and a later resume without the flag keeps it rather than the preset's."""
+    save = tmp_path / "ck"
+    train(_opts(toy_data, save, max_updates=2, dropout=0.1))
+    args = ["train", toy_data, "--save-dir", save, "--arch", "tiny", "--warmup", "50", "--device", "cpu",
+            "--seed", "7", "--max-tokens", "512"]
+    result = run_cli(*args, "--max-updates", "4", "--dropout", "0.3", "--attention-dropout", "0.2")
+    assert result.exit_code == 0, result.output
+    assert "--dropout 0.1 -> 0.3; --attention-dropout 0.0 -> 0.2" in result.stderr
+    assert load_checkpoint(save / "checkpoint_last.pt")["config"]["dropout"] == 0.3
+    assert run_cli(*args, "--max-updates", "5", "--quiet").exit_code == 0
+    config = load_checkpoint(save / "checkpoint_last.pt")["config"]
+    assert (config["dropout"], config["attention_dropout"]) == (0.3, 0.2)
+    warnings = [json.loads(x)["message"] for x in (save / "train.jsonl").read_text().splitlines() if '"warning"' in x]
+    assert [w for w in warnings if "dropout" in w] == [
+        "resuming at update 2 with --dropout 0.1 -> 0.3; --attention-dropout 0.0 -> 0.2: the new values apply "
+        "from the next update on"]
+    expect_error(run_cli(*args, "--max-updates", "6", "--ffn", "64"), "architecture differs", "ffn 128 vs 64")
+
+
+def test_a_precision_change_to_fp16_starts_a_fresh_loss_scale():
+    """A bf16 or fp32 run saved a disabled scaler's empty state; resuming it in fp16 must not load that (torch
+    raises on an empty state), and an fp16 run's scale carries over."""
+    from nmt_cli.train import restore_scaler
+
+    fresh = torch.amp.GradScaler("cpu", enabled=True)
+    assert "a fresh fp16 loss scale" in restore_scaler(fresh, torch.amp.GradScaler("cpu", enabled=False).state_dict())
+    saved = torch.amp.GradScaler("cpu", enabled=True, init_scale=512.0)
+    resumed = torch.amp.GradScaler("cpu", enabled=True)
+    assert restore_scaler(resumed, saved.state_dict()) is None and resumed.get_scale() == 512.0
+    off = torch.amp.GradScaler("cpu", enabled=False)  # fp16 -> bf16: the saved scale is simply not used
+    assert restore_scaler(off, saved.state_dict()) is None and not off.is_enabled()
