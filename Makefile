@@ -28,7 +28,7 @@ bench: install
 	$(BIN)/python benchmarks/run_all.py
 
 PAIRS ?= 4500000
-bench-scale: install   # prepare + train start-up at WMT14 size (about 30 minutes at 4.5M pairs on 2 cores)
+bench-scale: install   # prepare + train start-up at WMT14 size (prepare: 18.5-20.6 minutes at 4.5M pairs on 2 cores)
 	$(BIN)/python benchmarks/scale.py --pairs $(PAIRS)
 
 bench-gpu: install     # base and big on all GPUs under torchrun (needs CUDA; `--estimate` runs anywhere)

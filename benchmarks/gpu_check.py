@@ -14,7 +14,8 @@ prepares it with `nmt prepare`. Then, through the real training code:
   (d) throughput of base and big (tiny and small with --device cpu) on synthetic WMT-like batches, bf16, at
       the recipe's 4096 tokens per micro-batch and at 4x that (is 4096 launch-bound?): target tokens/s, MFU
       against the GPU's dense bf16 peak, peak memory.
-With --device cpu the same code runs at tiny sizes in about a minute (CI runs it: tests/test_recipes.py).
+With --device cpu the same code runs at tiny sizes in about a minute (CI runs it: tests/test_recipes.py), in
+fp32 instead of bf16 on a CPU without bf16 instructions (where PyTorch emulates bf16 products, many times slower).
 Exit code 0 when every line passes (or is skipped: fp16 on CPU), 1 otherwise.
 """
 
@@ -82,6 +83,13 @@ def check_learns(data: Path, work: Path, device: str, precision: str) -> dict:
             "figure": f"valid ppl {ppl:.3f} (< {LEARN_PPL}), {time.monotonic() - start:.0f} s"}
 
 
+def fast_precision(device: str) -> str:
+    """bf16 on a GPU and on a CPU that multiplies it in hardware; fp32 on other CPUs."""
+    from nmt_cli.hardware import cpu_has_bf16
+
+    return "bf16" if device == "cuda" or cpu_has_bf16() else "fp32"
+
+
 def check_resume(data: Path, work: Path, device: str) -> dict:
     """(b): stopped at N/2 and resumed to N equals N straight."""
     import torch
@@ -89,7 +97,7 @@ def check_resume(data: Path, work: Path, device: str) -> dict:
     from nmt_cli.checkpoint import load_checkpoint
     from nmt_cli.train import train
 
-    n, precision = 12, "bf16"
+    n, precision = 12, fast_precision(device)
     train(options(data, work / "straight", device, max_updates=n, precision=precision))
     train(options(data, work / "resumed", device, max_updates=n // 2, precision=precision))
     train(options(data, work / "resumed", device, max_updates=n, precision=precision))
@@ -131,7 +139,7 @@ def check_two_ranks(data: Path, work: Path, device: str) -> dict:
 
 
 def check_speed(device_name: str, arch: str, max_tokens: int) -> dict:
-    """(d): target tokens/s of the real update on synthetic batches, bf16."""
+    """(d): target tokens/s of the real update on synthetic batches, bf16 (`fast_precision`)."""
     import torch
     from gpu import PEAK_TFLOPS, VOCAB, _synthetic_batches, flops_per_target_token
 
@@ -145,7 +153,8 @@ def check_speed(device_name: str, arch: str, max_tokens: int) -> dict:
     model = Transformer(make_config(arch, VOCAB)).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
     scaler = torch.amp.GradScaler(device.type, enabled=False)
-    opts = TrainOptions(data=Path("."), save_dir=Path("."), arch=arch, precision="bf16")
+    precision = fast_precision(device.type)
+    opts = TrainOptions(data=Path("."), save_dir=Path("."), arch=arch, precision=precision)
     batches = _synthetic_batches(8, max_tokens, seed=1)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -171,7 +180,7 @@ def check_speed(device_name: str, arch: str, max_tokens: int) -> dict:
     del model, optimizer
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return {"check": f"speed: {arch}, bf16, {max_tokens} tokens per micro-batch", "status": "PASS",
+    return {"check": f"speed: {arch}, {precision}, {max_tokens} tokens per micro-batch", "status": "PASS",
             "figure": f"{speed:,.0f} tgt tok/s, MFU {mfu}, peak {memory}", "tok_s": speed}
 
 
@@ -193,7 +202,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         data = prepare_task(work / "task")
-        for precision in ("bf16", "fp16"):
+        for precision in (fast_precision(args.device), "fp16"):
             rows.append(check_learns(data, work, args.device, precision))
         rows.append(check_resume(data, work, args.device))
         rows.append(check_two_ranks(data, work, args.device))
@@ -202,7 +211,8 @@ def main() -> int:
             try:
                 rows.append(check_speed(args.device, arch, max_tokens))
             except torch.OutOfMemoryError:
-                rows.append({"check": f"speed: {arch}, bf16, {max_tokens} tokens per micro-batch", "status": "FAIL",
+                rows.append({"check": f"speed: {arch}, {fast_precision(args.device)}, {max_tokens} tokens per "
+                             "micro-batch", "status": "FAIL",
                              "figure": "out of memory"})
     print_table(f"gpu-check on {where}: {time.monotonic() - began:.0f} s", ["check", "result", "figures"],
                 [[r["check"], r["status"], r["figure"]] for r in rows])

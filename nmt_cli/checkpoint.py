@@ -188,10 +188,16 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict:
     return out
 
 
+def with_decoding(state: dict, beam: int, lenpen: float, chosen: str) -> dict:
+    """`state` carrying the decoding settings chosen for it (`stored_decoding`), which translate, serve, the
+    exports and the Python API use unless told otherwise."""
+    return {**state, "decoding": {"beam": int(beam), "lenpen": float(lenpen), "chosen": chosen}}
+
+
 def model_only(state: dict) -> dict:
     """A checkpoint without its training state (optimizer, loss scaler, RNG, progress): what translation needs,
     a third of a training checkpoint's size."""
-    out = {k: state[k] for k in (*SELF_CONTAINED_KEYS, "model", "averaged_from") if k in state}
+    out = {k: state[k] for k in (*SELF_CONTAINED_KEYS, "model", "averaged_from", "decoding") if k in state}
     out["updates"] = state.get("updates", 0)
     return out
 

@@ -431,7 +431,7 @@ def attention_cmd(
     sentence: Annotated[str, typer.Argument(help="A source sentence (raw text).")],
     model: Annotated[Path, typer.Option("--model", "-m", help="Checkpoint (or averaged model).")],
     reference: Annotated[Optional[str], typer.Option(
-        help="Target text to force (raw); default: the model's own beam-4 translation.")] = None,
+        help="Target text to force (raw); default: the model's own beam-search translation.")] = None,
     output: Annotated[Optional[Path], typer.Option(
         "--output", "-o", help="Picture to write (.png, .svg, .pdf); default attention.png, none with --json alone.")
     ] = None,
@@ -618,8 +618,10 @@ def translate_cmd(
         "--input", "-i", rich_help_panel=P_IO, help="Raw text (default stdin).")] = None,
     output: Annotated[Optional[Path], typer.Option(
         "--output", "-o", rich_help_panel=P_IO, help="Output file (default stdout).")] = None,
-    beam: Annotated[int, typer.Option(rich_help_panel=P_SEARCH, help="Beam size.")] = 4,
-    lenpen: Annotated[float, typer.Option(rich_help_panel=P_SEARCH, help="GNMT length penalty alpha.")] = 0.6,
+    beam: Annotated[Optional[int], typer.Option(rich_help_panel=P_SEARCH, help=(
+        "Beam size (default: the model file's, else 4)."), show_default=False)] = None,
+    lenpen: Annotated[Optional[float], typer.Option(rich_help_panel=P_SEARCH, help=(
+        "GNMT length penalty alpha (default: the model file's, else 0.6)."), show_default=False)] = None,
     max_len_a: Annotated[float, typer.Option(
         rich_help_panel=P_SEARCH, help="Max output length = a * source length + b.")] = 1.0,
     max_len_b: Annotated[int, typer.Option(rich_help_panel=P_SEARCH, help="See --max-len-a.")] = 50,
@@ -665,11 +667,16 @@ def translate_cmd(
         raise NmtError("--alignments prints one translation per line: drop --nbest")
     if alignments and alignments_out is not None:
         raise NmtError("--alignments appends them to each line, --alignments-out writes them apart: choose one")
-    options = dict(beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, batch_size=batch_size,
-                   max_tokens=max_tokens, greedy=greedy, nbest=nbest)
-    TextTranslator.check_options(**options)  # before anything is loaded or printed
+    options = dict(max_len_a=max_len_a, max_len_b=max_len_b, batch_size=batch_size, max_tokens=max_tokens,
+                   greedy=greedy, nbest=nbest)
+    # before anything is loaded or printed (the model's own beam is checked against --nbest once it is loaded)
+    TextTranslator.check_options(beam or max(4, nbest), 0.6 if lenpen is None else lenpen, **options)
     translator = load_translator(model, device=device.value if device else None, precision=precision.value,
                                  threads=threads, engine=engine.value, workers=workers)
+    options["beam"], options["lenpen"] = translator.search_settings(beam, lenpen)
+    TextTranslator.check_options(**options)
+    if not greedy and (note := translator.settings_note(beam, lenpen)) is not None:
+        err.print(f"nmt translate: {note}", markup=False, highlight=False)
     if aligning:
         if not hasattr(translator, "align"):
             raise NmtError("--alignments reads nmt's own attention: give the checkpoint (.pt), not an exported "

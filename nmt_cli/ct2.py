@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import NmtError
-from .pipeline import Hyp, TextTranslator, default_workers
+from .pipeline import Hyp, TextTranslator, default_workers, stored_decoding
 from .segment import segmenter_from, segmenter_of
 from .textio import check_replaceable, export_kind, mark_export, publish_directory, staging_directory
 from .vocab import Vocabulary
@@ -128,6 +128,7 @@ def export_ctranslate2(checkpoint: str | Path, out: str | Path, quantization: st
         meta = {"format": FORMAT, "source_lang": state["source_lang"], "target_lang": state["target_lang"],
                 "tokenizer": state.get("tokenizer") or {}, "max_positions": state["config"]["max_positions"],
                 "quantization": quantization, "exported_from": str(checkpoint),
+                "decoding": stored_decoding(state, checkpoint),
                 "ctranslate2_version": ctranslate2.__version__}
         (model_dir / "nmt.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         (model_dir / "vocab.txt").write_text("".join(s + "\n" for s in state["vocab"]), encoding="utf-8")
@@ -196,7 +197,9 @@ class CTranslate2Translator(TextTranslator):
         # Each of CTranslate2's `inter_threads` workers runs one batch at a time, on `intra_threads` threads.
         translator = ctranslate2.Translator(str(path), device=device, compute_type="default", inter_threads=workers,
                                             intra_threads=max(1, threads // workers))
-        return cls(translator, Vocabulary(symbols), segmenter, meta, workers)
+        loaded = cls(translator, Vocabulary(symbols), segmenter, meta, workers)
+        loaded.decoding = stored_decoding(meta, path / "nmt.json")
+        return loaded
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | None = None, threads: int = 0,

@@ -246,7 +246,7 @@ def prefetch(make: Callable[[T], U], items: Iterable[T], background: bool = True
     """make(item) for each item, in order; with `background`, computed one item ahead on a thread, so that
     collating (and pinning) the next batch overlaps with the current update on a GPU (numpy and pinning
     release the GIL). On CPU training leave `background` off: the update keeps every core busy and a second
-    thread only competes with it (-7% tokens/s measured)."""
+    thread only competes with it (slower: docs/benchmarks.md, "Training speed")."""
     if not background:
         yield from (make(item) for item in items)
         return

@@ -87,7 +87,7 @@ def broadcast_object(obj, ctx: DistContext):
 
 def shutdown(ctx: DistContext) -> None:
     """Leave the process group once every process is done with it: a rank that tears down its connections while
-    another still uses them can make that one abort (seen once in CI: SIGABRT of rank 1 at the end of a run)."""
+    another still uses them can make that one abort (SIGABRT at the end of a run)."""
     if ctx.enabled and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()

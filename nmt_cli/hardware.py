@@ -22,6 +22,12 @@ def cpu_flags() -> tuple[str, frozenset[str]]:
     return model, frozenset(info.get("flags", "").split())
 
 
+def cpu_has_bf16() -> bool:
+    """Whether the CPU multiplies bfloat16 in hardware (AMX or avx512_bf16); without it PyTorch emulates bf16
+    products, several times slower than float32."""
+    return bool({"amx_bf16", "avx512_bf16"} & cpu_flags()[1])
+
+
 def cpu_kind() -> str:
     """A short name for the kind of CPU: 'Intel Xeon (AMX)', 'AMD EPYC (avx512_bf16, no AMX)', or the model name
     with what it offers for bf16. Speed ratios are taken only between figures of one kind."""

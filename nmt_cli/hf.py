@@ -27,6 +27,7 @@ import torch
 
 from .checkpoint import load_checkpoint, model_from_checkpoint, require_keys
 from .errors import NmtError
+from .pipeline import stored_decoding
 from .segment import with_plain_spaces
 from .textio import check_replaceable, export_kind, mark_export, publish_directory, staging_directory
 
@@ -238,7 +239,7 @@ def export_transformers(checkpoint: str | Path, out: str | Path, force: bool = F
     if missing or unexpected:  # a Transformers release whose Marian names its weights otherwise
         raise NmtError(f"this Transformers' Marian model does not match the export (missing {missing[:3]}, "
                        f"unexpected {unexpected[:3]})")
-    model.generation_config.num_beams = 4
+    model.generation_config.num_beams = stored_decoding(state, checkpoint).get("beam", 4)
     model.generation_config.max_length = min(512, state["config"]["max_positions"])
     with staging_directory(out) as staging:
         folder = staging / "model"
@@ -272,7 +273,7 @@ def _export_fsmt(state: dict, checkpoint: str | Path, out: Path) -> Path:
     if missing or unexpected:
         raise NmtError(f"this Transformers' FSMT model does not match the export (missing {missing[:3]}, "
                        f"unexpected {unexpected[:3]})")
-    model.generation_config.num_beams = 4
+    model.generation_config.num_beams = stored_decoding(state, checkpoint).get("beam", 4)
     symbols = fsmt_symbols(state["vocab"])
     vocab = json.dumps({s: i for i, s in enumerate(symbols)}, ensure_ascii=False)
     merges = [line for line in state["bpe_codes"].splitlines() if line.strip() and not line.startswith("#version")]

@@ -26,7 +26,19 @@ ONEDNN_MIN_MACS = 1 << 20
 # 768: 17 instead of 34 us), bfloat16 always (1 row x 256 x 256: 13 instead of 18 us through F.linear).
 PACKED_MIN_MACS = {torch.float32: 3 << 18, torch.bfloat16: 0}
 _ONEDNN_LINEAR = os.environ.get("NMT_ONEDNN", "1") != "0" and torch.backends.mkldnn.is_available()
-_ONEDNN_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16)
+
+
+def _onednn_runs_bf16() -> bool:
+    """Whether oneDNN has bfloat16 kernels for this CPU (AVX-512 or AMX); without them its bf16 products fail
+    ("could not create a primitive descriptor") and bfloat16 stays on F.linear."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+ONEDNN_BF16 = _ONEDNN_LINEAR and _onednn_runs_bf16()
+_ONEDNN_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16) if ONEDNN_BF16 else (torch.float32,)
 
 
 def keep_float32_off_onednn() -> None:
@@ -37,7 +49,7 @@ def keep_float32_off_onednn() -> None:
     a 64-kernel cache too); MKL keeps none. A file's batches repeat a few shapes; a server's requests bring new
     ones for as long as it runs. bfloat16 stays on oneDNN: F.linear takes it there anyway."""
     global _ONEDNN_DTYPES
-    _ONEDNN_DTYPES = (torch.bfloat16,)
+    _ONEDNN_DTYPES = tuple(d for d in _ONEDNN_DTYPES if d != torch.float32)
 
 
 _BOUNDED_ROWS = False

@@ -12,6 +12,21 @@ from .errors import NmtError
 from .segment import Segmenter
 from .vocab import Vocabulary
 
+PAPER_DECODING = {"beam": 4, "lenpen": 0.6}  # section 6.1: beam 4, length penalty alpha 0.6
+
+
+def stored_decoding(state: dict, path: str | Path = "") -> dict:
+    """The decoding settings a model file carries ({"beam": B, "lenpen": A, "chosen": how}, chosen for it, such
+    as on val by a recipe), or {} when it carries none; one-line NmtError for settings that are not valid."""
+    decoding = state.get("decoding") or {}
+    if not isinstance(decoding, dict):
+        raise NmtError(f"{path}: its decoding settings are not valid ({decoding!r})")
+    beam, lenpen = decoding.get("beam", 4), decoding.get("lenpen", 0.6)
+    if not (isinstance(beam, int) and beam >= 1) or not (isinstance(lenpen, (int, float)) and 0 <= lenpen <= 100):
+        raise NmtError(f"{path}: its decoding settings are not valid ({decoding!r})")
+    return {k: decoding[k] for k in ("beam", "lenpen", "chosen") if k in decoding}
+
+
 # One hypothesis of the search: output ids (no </s>) and its score.
 Hyp = tuple[list[int], float]
 
@@ -31,6 +46,7 @@ class TextTranslator:
         self.warnings: list[str] = []
         self.truncated: list[tuple[int, int]] = []  # (line, source tokens) of the same lines
         self.generated_tokens = 0  # output tokens (</s> included) of the best hypotheses so far
+        self.decoding: dict = {}  # the model's own decoding settings (`stored_decoding`), if any
 
     def search(self, sources: list[list[int]], beam: int, lenpen: float, max_len_a: float, max_len_b: int,
                greedy: bool, nbest: int) -> list[list[Hyp]]:
@@ -104,13 +120,31 @@ class TextTranslator:
             raise NmtError(f"--max-len-a must be at most 100 and --max-len-b at most 100000 (got {max_len_a:g} and "
                            f"{max_len_b:g})")
 
-    def translate_nbest(self, sentences: Sequence[str], beam: int = 4, lenpen: float = 0.6, max_len_a: float = 1.0,
-                        max_len_b: int = 50, batch_size: int = 64, max_tokens: int | None = None,
-                        greedy: bool = False, nbest: int = 1, first_line: int = 1,
+    def search_settings(self, beam: int | None = None, lenpen: float | None = None) -> tuple[int, float]:
+        """The beam and length penalty to search with: those given, else the model's own (chosen for it, such as
+        on val by a recipe), else the paper's (beam 4, length penalty 0.6)."""
+        settings = {**PAPER_DECODING, **self.decoding}
+        return (settings["beam"] if beam is None else beam), (settings["lenpen"] if lenpen is None else lenpen)
+
+    def settings_note(self, beam: int | None, lenpen: float | None) -> str | None:
+        """A line saying which search settings came from the model file (those not given), or None."""
+        taken = [f"{name} {self.decoding[key]:g}" for key, name, given in
+                 (("beam", "beam", beam), ("lenpen", "length penalty", lenpen))
+                 if given is None and key in self.decoding]
+        if not taken:
+            return None
+        how = f" ({self.decoding['chosen']})" if self.decoding.get("chosen") else ""
+        return f"{' and '.join(taken)} from the model file{how}; --beam and --lenpen override"
+
+    def translate_nbest(self, sentences: Sequence[str], beam: int | None = None, lenpen: float | None = None,
+                        max_len_a: float = 1.0, max_len_b: int = 50, batch_size: int = 64,
+                        max_tokens: int | None = None, greedy: bool = False, nbest: int = 1, first_line: int = 1,
                         on_batch: Callable[[int], None] | None = None,
                         ids_out: list | None = None) -> list[list[tuple[str, float]]]:
         """Exactly `nbest` (translation, score) pairs per sentence, best first; empty input gives ("", 0.0)s.
-        With `ids_out` (a list), it is filled with (source ids, best output ids) per sentence, in input order."""
+        With `ids_out` (a list), it is filled with (source ids, best output ids) per sentence, in input order.
+        `beam` and `lenpen` default to the model's own settings (`search_settings`)."""
+        beam, lenpen = self.search_settings(beam, lenpen)
         self.check_options(beam, lenpen, max_len_a, max_len_b, batch_size, max_tokens, greedy, nbest)
         ids = self.encode(sentences, first_line)
         results: list[list[tuple[str, float]]] = [[("", 0.0)] * nbest for _ in sentences]

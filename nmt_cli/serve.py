@@ -47,8 +47,7 @@ class ServeLimits:
     max_work: int = 64 * 4 * 1024  # decoder tokens per request: the defaults' largest request at any length
     cache_mb: float = 256.0  # decoder cache kept between requests, at most
     # Freed memory glibc keeps is handed back to the kernel when the queue empties (at most once a second) and at
-    # least every `trim_seconds` under constant load (0: never): without it the process held 0.6 GB more at the
-    # end of a 10-minute soak (2.6 vs 2.0 GB), at the same latency (docs/benchmarks.md, "Serving soak").
+    # least every `trim_seconds` under constant load (0: never); docs/benchmarks.md, "Serving soak".
     trim_seconds: float = 5.0
     shutdown_seconds: float = 30.0  # after SIGTERM, how long queued work may take before the server exits
 
@@ -81,8 +80,8 @@ def translator_thread() -> ThreadPoolExecutor:
 
     PyTorch's OpenMP runtime (libgomp) keeps a pool of worker threads per thread that runs parallel work; once
     two pools exist on a machine with few cores, it stops spinning between parallel regions and each one
-    waits on the kernel instead: beam search on 2 cores ran ~30% slower (138 vs 190 sentences/s) when the
-    model was loaded on the main thread and run on another."""
+    waits on the kernel instead, and beam search on 2 cores ran markedly slower when the model was loaded on the
+    main thread and run on another."""
     return ThreadPoolExecutor(1, thread_name_prefix="nmt-translate")
 
 
@@ -237,9 +236,10 @@ class ParsedRequest:
 
 
 def parse_request(body: bytes, limits: ServeLimits, max_positions: int = 1024,
-                  can_align: bool = True) -> ParsedRequest:
+                  can_align: bool = True, defaults: dict | None = None) -> ParsedRequest:
     """The sentences and search options of a POST /translate body; HTTPError on anything else. `can_align`:
-    whether the engine can give word alignments."""
+    whether the engine can give word alignments; `defaults`: options a request does not give (DEFAULTS, with
+    the model file's own beam and length penalty)."""
     try:
         payload = json.loads(body.decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -268,7 +268,7 @@ def parse_request(body: bytes, limits: ServeLimits, max_positions: int = 1024,
             raise HTTPError(413, f"text[{i}] has {len(sentence)} characters; at most {limits.max_chars}")
         if "\n" in sentence or "\r" in sentence:
             raise HTTPError(422, f"text[{i}] holds a line break; send one sentence per list item")
-    options = dict(DEFAULTS)
+    options = dict(defaults or DEFAULTS)
     for name, kind in {**OPTIONS, **FLAGS}.items():
         if name in payload:
             value = payload[name]
@@ -466,6 +466,8 @@ def create_app(translator: TextTranslator, limits: ServeLimits = ServeLimits(), 
     log = AccessLog(access_log)
     translator.limit_cache(int(limits.cache_mb * 2**20))
     body_limit = limits.body_limit()
+    beam, lenpen = translator.search_settings()
+    defaults = {**DEFAULTS, "beam": beam, "lenpen": lenpen}  # the model file's own, where it has them
 
     @asynccontextmanager
     async def lifespan(app):
@@ -490,7 +492,8 @@ def create_app(translator: TextTranslator, limits: ServeLimits = ServeLimits(), 
     async def health() -> dict:
         batcher: Batcher = state["batcher"]
         return {"status": "ok", "engine": engine, "source_lang": translator.source_lang,
-                "target_lang": translator.target_lang, "queued_sentences": batcher.queued_sentences,
+                "target_lang": translator.target_lang, "beam": defaults["beam"], "lenpen": defaults["lenpen"],
+                "queued_sentences": batcher.queued_sentences,
                 "translated_sentences": batcher.translated_sentences, "batches": batcher.batches,
                 "translate_seconds": round(batcher.translate_seconds, 6)}
 
@@ -520,7 +523,7 @@ def create_app(translator: TextTranslator, limits: ServeLimits = ServeLimits(), 
             return denied, 0
         try:
             parsed = parse_request(await read_body(request, body_limit), limits, translator.max_positions,
-                                   hasattr(translator, "align"))
+                                   hasattr(translator, "align"), defaults)
         except HTTPError as e:
             return error(e.status, e.message), 0
         batcher: Batcher = state["batcher"]

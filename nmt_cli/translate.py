@@ -14,7 +14,7 @@ from .checkpoint import load_checkpoint, model_from_checkpoint, require_keys
 from .distributed import resolve_device
 from .errors import NmtError
 from .model import Transformer
-from .pipeline import Hyp, TextTranslator, default_workers
+from .pipeline import Hyp, TextTranslator, default_workers, stored_decoding
 from .search import EnsembleModel, Hypothesis, beam_search, greedy_search
 from .segment import Segmenter, segmenter_of
 from .vocab import Vocabulary
@@ -75,8 +75,10 @@ class Translator(TextTranslator):
                 model = model.to(PRECISIONS.get(precision, torch.float32))
             models.append(model.to(dev).pack_weights())
         assert first is not None
-        return cls(models, vocab, segmenter_of(first, paths[0]), first["source_lang"], first["target_lang"], dev,
-                   precision, workers, threads)
+        translator = cls(models, vocab, segmenter_of(first, paths[0]), first["source_lang"], first["target_lang"],
+                         dev, precision, workers, threads)
+        translator.decoding = stored_decoding(first, paths[0])  # an ensemble searches as its first model would
+        return translator
 
     def alignment_layer(self, layer: int | None) -> int:
         """The encoder-decoder attention layer (0-based) alignments read: `layer` (1-based), or by default the

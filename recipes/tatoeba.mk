@@ -6,7 +6,7 @@
 #   make tatoeba-zh-en                     # DATA defaults to ../shared/data/tatoeba-cmn-eng, else downloads
 #   make tatoeba-en-zh DATA=/path/to/dir   # a local copy: DIR/cmn.txt or DIR/cmn.txt.gz
 #   make tatoeba-zh-en TOKENIZER=moses     # the paper's Moses + joint BPE pipeline on the same split
-#   make tatoeba-zh-en LINES=2000 TRAIN_MINUTES=1 EXP=/tmp/tatoeba-smoke   # a quick smoke run
+#   make tatoeba-zh-en LINES=2000 TRAIN_MINUTES=1 EXP=exp/tatoeba-smoke   # a quick smoke run
 #
 # The variables the Multi30k recipe also reads (DATA, EXP, LINES, TRAIN_MINUTES, ARCH, ...) take their values
 # here only when given on the command line or in the environment; otherwise this recipe's own defaults apply.
@@ -19,6 +19,7 @@ T_DATA      := $(call given,DATA,$(wildcard ../shared/data/tatoeba-cmn-eng))
 T_ROOT      := $(call given,EXP,exp/tatoeba)
 T_LINES     := $(call given,LINES,)
 T_MINUTES   := $(call given,TRAIN_MINUTES,30)
+T_UPDATES   := $(call given,MAX_UPDATES,0)
 T_ARCH      := $(call given,ARCH,small)
 T_PRECISION := $(call given,PRECISION,bf16)
 T_TOKENIZER := $(call given,TOKENIZER,sentencepiece)
@@ -63,7 +64,7 @@ $(T_EXP)/data/meta.json: $(T_RAW)/split.json
 
 $(T_EXP)/ckpt/.done: $(T_EXP)/data/meta.json
 	$(NMT) train $(T_EXP)/data --save-dir $(T_EXP)/ckpt --arch $(T_ARCH) --precision $(T_PRECISION) \
-	  --max-tokens 4096 --lr-scale 0.5 --warmup 1000 --max-time $(T_MINUTES) --cooldown 0.3 \
+	  --max-tokens 4096 --lr-scale 0.5 --warmup 1000 --max-time $(T_MINUTES) --max-updates $(T_UPDATES) --cooldown 0.3 \
 	  --attention-dropout 0.1 --activation-dropout 0.1 --keep-last 10 --seed 1 --device cpu $(T_FLAGS)
 	@touch $@
 
@@ -73,8 +74,7 @@ $(T_EXP)/model.pt: $(T_EXP)/ckpt/.done
 	  --out $@ --record $(T_EXP)/selection.json
 
 $(T_EXP)/test.hyp: $(T_EXP)/model.pt
-	$(NMT) translate -m $< -i $(T_EXP)/data/test.raw.$(T_SRC) -o $@ --beam $(T_BEAM) \
-	  --lenpen $$($(BIN)/python -c "import json,sys; print(json.load(open(sys.argv[1]))['lenpen'])" $(T_EXP)/selection.json)
+	$(NMT) translate -m $< -i $(T_EXP)/data/test.raw.$(T_SRC) -o $@  # with the beam and length penalty chosen on val
 
 # Scored with the target language's tokenizer (sacreBLEU's zh into Chinese, 13a into English), read from the model.
 $(T_EXP)/score.json: $(T_EXP)/test.hyp

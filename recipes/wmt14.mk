@@ -4,7 +4,7 @@
 #   make wmt14-big GPUS=8 NNODES=2 NODE_RANK=0 MASTER_ADDR=host0   # run on every node with its NODE_RANK
 #   make wmt14-base WMT14_DATA=/path/with/tgz    # a local copy of the five statmt.org archives
 #   make wmt14-base WMT14_DEVICE=cpu GPUS=2 WMT14_ARCH=tiny WMT14_UPDATES=40 WMT14_SAVE_UPDATES=4 \
-#        WMT14_BPE=500 WMT14_EXP=/tmp/rehearsal   # a CPU rehearsal (tests/test_recipes.py runs one on small archives)
+#        WMT14_BPE=500 WMT14_EXP=exp/rehearsal   # a CPU rehearsal (tests/test_recipes.py runs one on small archives)
 #
 # Data as in fairseq's prepare-wmt14en2de.sh: Europarl v7, Common Crawl and News Commentary v9 (about 4.5M
 # pairs), punctuation normalized and non-printing characters removed before Moses tokenization; newstest2013

@@ -75,7 +75,7 @@ def test_translate_inputs(toy_model, tmp_path):
 
 def test_average_arguments(toy_model, tmp_path):
     expect_error(run_cli("average", "-o", tmp_path / "a.pt"), "give checkpoints")
-    expect_error(run_cli("average", "--last", "2", toy_model, "-o", tmp_path / "a.pt"), "one save directory")
+    expect_error(run_cli("average", "--last", "2", toy_model, "-o", tmp_path / "a.pt"), "a file, not a save directory")
     expect_error(run_cli("average", "--last", "2", tmp_path, "-o", tmp_path / "a.pt"), "no numbered checkpoints")
     expect_error(run_cli("average", tmp_path / "nope.pt", "-o", tmp_path / "a.pt"), "nope.pt", "no such checkpoint")
 

@@ -51,6 +51,42 @@ def test_relative_links_resolve():
     assert not broken, broken
 
 
+def github_anchor(heading: str) -> str:
+    """The fragment GitHub gives a Markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_links_to_headings_find_them():
+    broken = []
+    for page in PAGES:
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", page.read_text(encoding="utf-8")):
+            linked = (page.parent / target) if target else page
+            if target and (re.match(r"[a-z]+:", target) or linked.suffix != ".md"):
+                continue
+            headings = re.findall(r"^#+ (.+)$", linked.read_text(encoding="utf-8"), re.M)
+            if anchor not in {github_anchor(h) for h in headings}:
+                broken.append(f"{page.relative_to(REPO)}: {target}#{anchor}")
+    assert not broken, broken
+
+
+# A page reads as reference, not as a work diary: no work periods, issue numbers, commit hashes, machine paths
+# or notes on which machines were lent (history lives in git log).
+DIARY = re.compile(r"\b(this|that|the|earlier|later|previous|next|first|second|third|\w+th) sessions?\b"
+                   r"|\bissues? \d+|/tmp/|\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b"
+                   r"|\b(been|was|were|is) (not )?lent\b|device tool", re.I)
+
+
+def test_docs_read_as_reference_not_as_a_diary():
+    found = [f"{page.relative_to(REPO)}:{number}: {match.group(0)!r}" for page in PAGES
+             for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), start=1)
+             for match in DIARY.finditer(line)]
+    assert not found, "\n".join(found)
+    caught = [DIARY.search(x) is not None for x in (
+        "measured in the fourth session", "see issue 28", "at 9967c36", "EXP=/tmp/x", "no GPU was lent",
+        "1000000 lines", "a session key", "decades", "the device tool's status")]
+    assert caught == [True, True, True, True, True, False, False, False, True]
+
+
 def test_readme_fits_on_a_few_screens():
     lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
     assert len(lines) <= 250, len(lines)

@@ -254,3 +254,16 @@ def test_transformers_export_of_a_moses_bpe_model_is_fsmt(multi30k_tiny, val, tm
                              max_new_tokens=limit + 1)
         same += tokenizer.decode(out[0], skip_special_tokens=True).strip() == expected.strip()
     threshold(f"greedy lines equal to nmt's (of {len(chosen)})", same, low=len(chosen) - 1)
+
+
+def test_the_export_keeps_the_model_files_decoding_settings(toy_model, tmp_path):
+    """nmt.json carries the beam and length penalty chosen for the model, and the exported folder searches with
+    them by default."""
+    from nmt_cli.checkpoint import with_decoding
+
+    model = tmp_path / "model.pt"
+    save_checkpoint(with_decoding(load_checkpoint(toy_model), 2, 1.5, "chosen on val"), model)
+    folder = export_ctranslate2(model, tmp_path / "ct2")
+    assert json.loads((folder / "nmt.json").read_text())["decoding"] == {"beam": 2, "lenpen": 1.5,
+                                                                       "chosen": "chosen on val"}
+    assert CTranslate2Translator.from_dir(folder).search_settings() == (2, 1.5)

@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import REPO, shared_data
+from nmt_cli.checkpoint import load_checkpoint
+
+from .conftest import REPO, run_cli, shared_data
 
 WMT14_TEST_LINES = 120
 
@@ -283,6 +285,13 @@ def test_multi30k_recipe_end_to_end(tmp_path):
     assert {c["lenpen"] for c in selection["candidates"] if c["model"] == selection["model"]} == {0.6, 1.0}
     assert selection["val_bleu"] == max(c["bleu"] for c in selection["candidates"])
     assert (exp / "model.pt").exists() and "chosen on val:" in result.stdout
+    # the choice travels in the model file, and translating with it needs no flags
+    decoding = load_checkpoint(exp / "model.pt")["decoding"]
+    assert (decoding["beam"], decoding["lenpen"]) == (4, selection["lenpen"])
+    assert f"length penalty {selection['lenpen']:g} from the model file (chosen on val" in result.stderr
+    explicit = run_cli("translate", "-m", exp / "model.pt", "-i", exp / "data" / "test.raw.en", "--beam", "4",
+                       "--lenpen", str(selection["lenpen"]), "--quiet")
+    assert explicit.stdout.splitlines() == hyps
     # every step skips itself once its output exists
     again = subprocess.run(["make", "-o", ".venv/.installed", "-q", f"{exp}/test.hyp", f"DATA={data}",
                             f"EXP={exp}"], cwd=REPO, capture_output=True, text=True)
@@ -342,3 +351,22 @@ def test_gpu_check_runs_on_the_cpu():
                                 text=True)
         assert result.returncode == 2 and result.stderr.strip().splitlines() == [
             "gpu-check: no CUDA device here; `make gpu-check DEVICE=cpu` runs the same checks on the CPU"]
+
+
+@pytest.mark.parametrize("has_torch", [True, False])
+def test_make_install_keeps_the_torch_an_environment_has(tmp_path, has_torch):
+    """`make install VENV=DIR` on an environment that already has PyTorch (a CUDA build) installs the toolkit
+    beside it and leaves torch alone; only an environment without it gets the CPU build."""
+    venv, log = tmp_path / "venv", tmp_path / "calls.log"
+    (venv / "bin").mkdir(parents=True)
+    for tool, code in (("python", 0 if has_torch else 1), ("pip", 0)):  # stand-ins that record their calls
+        script = venv / "bin" / tool
+        script.write_text(f"#!/bin/sh\necho \"{tool} $*\" >> {log}\nexit {code}\n")
+        script.chmod(0o755)
+    done = subprocess.run(["make", "install", f"VENV={venv}"], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    calls = log.read_text().splitlines()
+    assert calls[0] == "python -c import torch" and calls[-1] == "pip install -e .[dev]"
+    assert ("pip install torch==2.13.0" in calls) is not has_torch
+    assert (venv / ".installed").exists()

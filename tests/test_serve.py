@@ -422,3 +422,18 @@ def test_freed_heap_is_handed_back_between_batches(translator, sentences, monkey
     with Server(translator, ServeLimits(trim_seconds=0)) as server:
         assert server.post({"text": sentences[:2]})[0] == 200
     assert not calls
+
+
+def test_requests_search_with_the_model_files_settings_unless_they_say(toy_model, sentences, tmp_path):
+    from nmt_cli.checkpoint import load_checkpoint, save_checkpoint, with_decoding
+
+    model = tmp_path / "model.pt"
+    save_checkpoint(with_decoding(load_checkpoint(toy_model), 2, 1.5, "chosen on val"), model)
+    chosen = Translator.from_checkpoint(model)
+    with Server(chosen, ServeLimits()) as server:
+        status, health = server.get("/health")
+        assert (health["beam"], health["lenpen"]) == (2, 1.5)
+        status, body = server.post({"text": sentences[:8]})
+        assert status == 200 and body["translations"] == chosen.translate(sentences[:8], beam=2, lenpen=1.5)
+        status, body = server.post({"text": sentences[:8], "beam": 4, "lenpen": 0.6})
+        assert status == 200 and body["translations"] == chosen.translate(sentences[:8], beam=4, lenpen=0.6)

@@ -392,3 +392,35 @@ def test_one_translator_searches_on_several_threads_at_once(translator, sources)
     with ThreadPoolExecutor(3) as pool:
         results = list(pool.map(lambda _: translator.translate(sources, beam=4, batch_size=8), range(3)))
     assert all(r == expected for r in results)
+
+
+def test_the_model_files_decoding_settings_are_the_defaults(toy_model, sources, tmp_path):
+    """A model file that carries the beam and length penalty chosen for it (as `make multi30k` chooses them on
+    val): translate and the Python API search with them unless told otherwise (serve and the exports:
+    test_serve.py, test_export.py), and translate says so in one line; a flag overrides each."""
+    from nmt_cli.checkpoint import load_checkpoint, save_checkpoint, with_decoding
+
+    model = tmp_path / "model.pt"
+    save_checkpoint(with_decoding(load_checkpoint(toy_model), 2, 1.5, "chosen on val: BLEU 99.00"), model)
+    chosen = Translator.from_checkpoint(model)
+    plain = Translator.from_checkpoint(toy_model)
+    assert chosen.search_settings() == (2, 1.5) and plain.search_settings() == (4, 0.6)
+    assert chosen.search_settings(5, None) == (5, 1.5)
+    assert chosen.translate(sources) == plain.translate(sources, beam=2, lenpen=1.5)
+    (tmp_path / "in.txt").write_text("\n".join(sources) + "\n")
+    result = run_cli("translate", "-m", model, "-i", tmp_path / "in.txt", "--quiet")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == plain.translate(sources, beam=2, lenpen=1.5)
+    assert result.stderr.strip() == ("nmt translate: beam 2 and length penalty 1.5 from the model file (chosen on "
+                                     "val: BLEU 99.00); --beam and --lenpen override")
+    result = run_cli("translate", "-m", model, "-i", tmp_path / "in.txt", "--quiet", "--lenpen", "0.6")
+    assert result.stdout.splitlines() == plain.translate(sources, beam=2, lenpen=0.6)
+    assert "nmt translate: beam 2 from the model file" in result.stderr and "length penalty" not in result.stderr
+    both = run_cli("translate", "-m", model, "-i", tmp_path / "in.txt", "--quiet", "--lenpen", "0.6", "--beam", "4")
+    assert both.stderr == "" and both.stdout.splitlines() == plain.translate(sources)
+    expect_error(run_cli("translate", "-m", model, "-i", tmp_path / "in.txt", "--nbest", "3"),
+                 "--nbest 3 is larger than --beam 2")
+    broken = tmp_path / "broken.pt"
+    save_checkpoint({**load_checkpoint(toy_model), "decoding": {"beam": 0}}, broken)
+    expect_error(run_cli("translate", "-m", broken, "-i", tmp_path / "in.txt"), "broken.pt",
+                 "decoding settings are not valid")
