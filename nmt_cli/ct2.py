@@ -19,7 +19,7 @@ from .vocab import Vocabulary
 
 FORMAT = "nmt-ctranslate2/1"
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "bfloat16", "int8_bfloat16", "float16", "int8_float16")
-INSTALL_HINT = "CTranslate2 is not installed; install it with: pip install 'nmt-cli[ct2]' (or pip install ctranslate2)"
+INSTALL_HINT = "CTranslate2 is not installed; install it with: pip install -e '.[ct2]' (or pip install ctranslate2)"
 
 
 def _ctranslate2() -> Any:

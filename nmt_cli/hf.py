@@ -32,7 +32,7 @@ from .segment import with_plain_spaces
 from .textio import check_replaceable, export_kind, mark_export, publish_directory, staging_directory
 
 INSTALL_HINT = ("nmt export transformers needs Hugging Face Transformers; install it with: pip install "
-                "'nmt-cli[hf]' (or pip install transformers)")
+                "-e '.[hf]' (or pip install transformers)")
 
 
 def marian_permutation(d_model: int) -> torch.Tensor:

@@ -90,7 +90,7 @@ def tensorboard_writer(folder: Path):
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        raise NmtError("--tensorboard needs the tensorboard package: pip install 'nmt-cli[tensorboard]' "
+        raise NmtError("--tensorboard needs the tensorboard package: pip install -e '.[tensorboard]' "
                        "(or pip install tensorboard)") from None
     return SummaryWriter(log_dir=str(folder))
 

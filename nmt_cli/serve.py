@@ -30,7 +30,7 @@ from .errors import NmtError
 from .hardware import release_free_heap
 from .pipeline import TextTranslator
 
-INSTALL_HINT = "nmt serve needs FastAPI and uvicorn; install them with: pip install 'nmt-cli[serve]'"
+INSTALL_HINT = "nmt serve needs FastAPI and uvicorn; install them with: pip install -e '.[serve]'"
 
 
 @dataclass(frozen=True)

@@ -121,3 +121,16 @@ def test_runnable_blocks_run(tmp_path):
         result = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=folder, env=env, capture_output=True,
                                 text=True, timeout=300)
         assert result.returncode == 0, f"{page}: {result.stderr[-2000:]}"
+
+
+def test_python_api_examples_run(toy_model, tmp_path, monkeypatch):
+    """The marked Python blocks of the docs run as written, with the toy model in place of the recipe's."""
+    mark = "<!-- python: tests/test_docs.py runs this block"
+    blocks = [(page, match.group(1)) for page in PAGES
+              for match in re.finditer(re.escape(mark) + r"[^\n]*\n```python\n(.*?)\n```",
+                                       page.read_text(encoding="utf-8"), re.S)]
+    assert blocks, "no marked Python block"
+    monkeypatch.chdir(tmp_path)
+    for page, code in blocks:
+        exec(compile(code.replace("exp/multi30k/model.pt", str(toy_model)), str(page), "exec"), {})
+    assert (tmp_path / "attention.png").read_bytes()[:4] == b"\x89PNG"
