@@ -1,6 +1,6 @@
 """Translation speed on CPU: sentences/s and target tokens/s on Multi30k test_2016_flickr with a trained
 `small` model, for beam 4 and greedy, batch 1 and 64, fp32 and bf16, one batch at a time and two at once
-(`--workers 2`: two search threads, each on half the cores).
+(`--parallel-batches 2`: two search threads, each on half the cores).
 
 Batch 64 runs all 1,000 sentences; batch 1 runs the first 200 (it is the slow, latency-bound case).
 Each engine runs in a fresh process of its own, each configuration `--repeat` times (after a one-batch
@@ -127,9 +127,9 @@ def whole_process(args, sources: list[str]) -> None:
     nmt = [sys.executable, "-m", "nmt_cli", "translate", "--quiet"]
     torch_s = statistics.median(_timed([sys.executable, "-c", "import torch"]) for _ in range(3))
     rows = [["python -c 'import torch'", "-", f"{torch_s:.2f}", "-"]]
-    models = [(args.model, "fp32", []), (args.model, "fp32", ["--workers", "1"]), (args.model, "bf16", [])]
+    models = [(args.model, "fp32", []), (args.model, "fp32", ["--parallel-batches", "1"]), (args.model, "bf16", [])]
     if args.exported:
-        models += [(args.exported, "exported", []), (args.exported, "exported", ["--workers", "1"])]
+        models += [(args.exported, "exported", []), (args.exported, "exported", ["--parallel-batches", "1"])]
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "test.en"
         src.write_text("".join(s + "\n" for s in sources), encoding="utf-8")

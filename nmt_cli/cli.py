@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import faulthandler
-import functools
 import gc
 import json
 import math
@@ -20,21 +19,12 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
-from typer.core import TyperGroup
 
-try:  # recent typer vendors click as typer._click; older ones use click itself
-    from typer._click import exceptions as click_errors
-    from typer._click.globals import get_current_context
-except ImportError:  # pragma: no cover
-    from click import exceptions as click_errors
-    from click.globals import get_current_context
-
+from .commandline import collect_after_loading, command, command_group, err, handle_errors, start_up_done
 from .errors import NmtError
-from .hardware import check_torch_version
 
-err = Console(stderr=True, soft_wrap=True)  # messages stay one line in logs, whatever the width
 Arch = Enum("Arch", {name: name for name in ("tiny", "small", "base", "big")}, type=str)
-Precision = Enum("Precision", {name: name for name in ("fp32", "bf16", "fp16")}, type=str)
+Precision = Enum("Precision", {name: name for name in ("auto", "fp32", "bf16", "fp16")}, type=str)
 Device = Enum("Device", {name: name for name in ("cpu", "cuda")}, type=str)
 Engine = Enum("Engine", {name: name for name in ("auto", "nmt", "ctranslate2")}, type=str)
 # --help panels of the commands with many flags
@@ -49,31 +39,18 @@ P_SEARCH = "Search"
 ENGINE_HELP = ("auto: nmt for a checkpoint, CTranslate2 for an exported folder; ctranslate2 also runs a checkpoint "
                "(exported, float32, to a temporary folder at start-up).")
 
-
-class OneLineErrors(TyperGroup):
-    """Usage errors (an unknown option, a value outside its choices) as one line on stderr and exit code 2,
-    like every other bad input, instead of click's usage block."""
-
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-        try:
-            # Without standalone mode click returns an Exit's code instead of exiting; commands return None.
-            code = super().main(args=args, prog_name=prog_name or "nmt", complete_var=complete_var,
-                                standalone_mode=False, **extra)
-            sys.exit(code if isinstance(code, int) else 0)
-        except click_errors.UsageError as e:
-            if type(e).__name__ == "NoArgsIsHelpError":  # `nmt` alone: the help (typer's rich help prints itself)
-                if e.format_message().strip():
-                    typer.echo(e.format_message())
-                sys.exit(0)
-            where = command_path(e.ctx)
-            message = e.format_message().replace("Value error, ", "")
-            err.print(f"{where}: error: {message}", markup=False, highlight=False, soft_wrap=True)
-            sys.exit(2)
-        except typer.Exit as e:
-            sys.exit(e.exit_code)
-        except typer.Abort:
-            err.print("interrupted", markup=False)
-            sys.exit(130)
+# Other spellings each command accepts without listing them: fairseq's (users arrive with those habits) and
+# former names. The docs use nmt's own.
+FAIRSEQ_DATA = {"--trainpref": "--train", "--validpref": "--valid", "--testpref": "--test", "--destdir": "--out"}
+FAIRSEQ_DEVICE = {"--cpu": "--device cpu", "--fp16": "--precision fp16", "--bf16": "--precision bf16"}
+TRAIN_ALIASES = {"--max-update": "--max-updates", "--max-epoch": "--max-epochs", "--warmup-updates": "--warmup",
+                 "--validate-interval-updates": "--valid-interval", "--keep-interval-updates": "--keep-last",
+                 "--finetune-from-model": "--init-from", "--tensorboard-logdir": "--tensorboard", **FAIRSEQ_DEVICE}
+TRANSLATE_ALIASES = {"--path": "--model", "--print-alignment": "--alignments", "--workers": "--parallel-batches",
+                     **FAIRSEQ_DEVICE}
+# fairseq's scripts/average_checkpoints.py: `--inputs SAVE_DIR --num-update-checkpoints 5` (the folder is nmt's
+# positional argument, so `--inputs` drops out)
+AVERAGE_ALIASES = {"--inputs": "", "--num-update-checkpoints": "--last", "--num-epoch-checkpoints": "--last"}
 
 
 def _version(value: bool) -> None:
@@ -84,9 +61,7 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-app = typer.Typer(cls=OneLineErrors, no_args_is_help=True, pretty_exceptions_enable=False,
-                  context_settings={"help_option_names": ["-h", "--help"]},
-                  help="Neural machine translation with the Transformer of 'Attention Is All You Need'.")
+app = command_group("Neural machine translation with the Transformer of 'Attention Is All You Need'.")
 
 
 @app.callback()
@@ -95,53 +70,8 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
     """Neural machine translation with the Transformer of 'Attention Is All You Need'."""
 
 
-def start_up_done() -> None:
-    """Turn the garbage collector back on after `main` turned it off for the start-up, freezing what start-up
-    made (gc.freeze) so that later collections never walk it; a no-op when the collector is on."""
-    if not gc.isenabled():
-        gc.freeze()
-        gc.enable()
-
-
-def collect_after_loading(fn):
-    """Mark a command that calls `start_up_done` itself once its model is loaded (others get the collector
-    back before they start)."""
-    fn.collects_after_loading = True
-    return fn
-
-
-def command_path(ctx) -> str:
-    """'nmt export ctranslate2' for that command's context, whatever program name click was given."""
-    return " ".join(["nmt", *(ctx.command_path.split()[1:] if ctx else [])])
-
-
-def handle_errors(fn):
-    """Turn NmtError into one line on stderr and exit code 2; never a traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        if not getattr(fn, "collects_after_loading", False):
-            start_up_done()
-        try:
-            check_torch_version()
-            return fn(*args, **kwargs)
-        except NmtError as e:
-            err.print(f"{command_path(get_current_context(silent=True))}: error: {e}", markup=False,
-                      highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
-        except KeyboardInterrupt:
-            err.print("interrupted", markup=False)
-            raise typer.Exit(130) from None
-        except BrokenPipeError:
-            # Output closed early (e.g. piped into `head`): stop quietly.
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            raise typer.Exit(0) from None
-
-    return wrapper
-
-
 # ----------------------------------------------------------------------------- prepare & friends
-@app.command("prepare")
+@command(app, "prepare", aliases=FAIRSEQ_DATA)
 @handle_errors
 def prepare_cmd(
     train: Annotated[str, typer.Option(help="Training PREFIX: PREFIX.SRC and PREFIX.TGT, plain or .gz.")],
@@ -197,12 +127,12 @@ def prepare_cmd(
                   highlight=False)
 
 
-@app.command("learn-bpe")
+@command(app, "learn-bpe", aliases={"--symbols": "--merges", "-s": "--merges"})
 @handle_errors
 def learn_bpe_cmd(
     inputs: Annotated[list[Path], typer.Argument(
         metavar="FILE", help="Tokenized text files (plain or .gz); learned jointly.")],
-    merges: Annotated[int, typer.Option("--merges", "-m", help="Merge operations.")] = 10000,
+    merges: Annotated[int, typer.Option("--merges", "-n", help="Merge operations.")] = 10000,
     output: Annotated[Path, typer.Option("--output", "-o", help="Codes file to write.")] = Path("bpe.codes"),
     min_frequency: Annotated[int, typer.Option(help="Stop when the best pair is rarer than this.")] = 2,
 ) -> None:
@@ -238,7 +168,7 @@ def _open_output(path: Optional[Path]):
     return open(path, "w", encoding="utf-8") if path else sys.stdout
 
 
-@app.command("apply-bpe")
+@command(app, "apply-bpe")
 @handle_errors
 def apply_bpe_cmd(
     codes: Annotated[Path, typer.Option("--codes", "-c", help="BPE codes file.")],
@@ -266,7 +196,7 @@ def apply_bpe_cmd(
             sys.stdout.write(convert(line) + "\n")
 
 
-@app.command("binarize")
+@command(app, "binarize", aliases=FAIRSEQ_DATA)
 @handle_errors
 def binarize_cmd(
     source_lang: Annotated[str, typer.Option("--source-lang", "-s", help="Source language code (file suffix).")],
@@ -292,7 +222,7 @@ def binarize_cmd(
 
 
 # ----------------------------------------------------------------------------- train
-@app.command("train")
+@command(app, "train", aliases=TRAIN_ALIASES)
 @handle_errors
 def train_cmd(
     data: Annotated[Path, typer.Argument(metavar="DATA_DIR", help="Data directory made by nmt prepare.")],
@@ -327,8 +257,9 @@ def train_cmd(
         rich_help_panel=P_STOP, help="Stop after this many epochs (0: no limit).")] = 0,
     max_time: Annotated[float, typer.Option(
         rich_help_panel=P_STOP, help="Stop after this many minutes (0: no limit).")] = 0.0,
-    precision: Annotated[Precision, typer.Option(
-        rich_help_panel=P_DEVICE, help="Mixed precision (fp16: CUDA only).")] = Precision.fp32,
+    precision: Annotated[Precision, typer.Option(rich_help_panel=P_DEVICE, help=(
+        "Mixed precision (fp16: CUDA only). auto: bf16 where the GPU or CPU multiplies it in hardware (fp16 on "
+        "GPUs without bf16), fp32 elsewhere (fp32: exact float32)."))] = Precision.auto,
     seed: Annotated[int, typer.Option(
         rich_help_panel=P_OPTIM, help="Random seed (initialization, batch order, dropout).")] = 1,
     device: Annotated[Optional[Device], typer.Option(
@@ -360,7 +291,7 @@ def train_cmd(
              "fine-tuning on data prepared with --from-model.")] = None,
     tensorboard: Annotated[Optional[Path], typer.Option(
         rich_help_panel=P_LOG,
-        help="Also write the logged scalars to this folder for tensorboard (pip install 'nmt-cli\\[tensorboard]')."
+        help="Also write the logged scalars to this folder for tensorboard (pip install 'nmt-cli[tensorboard]')."
     )] = None,
     threads: Annotated[int, typer.Option(
         rich_help_panel=P_DEVICE, help="CPU threads for torch (0: torch's default).")] = 0,
@@ -409,7 +340,7 @@ def train_cmd(
 
 
 # ----------------------------------------------------------------------------- plot
-@app.command("plot")
+@command(app, "plot")
 @handle_errors
 def plot_cmd(
     save_dirs: Annotated[list[Path], typer.Argument(
@@ -425,7 +356,7 @@ def plot_cmd(
     err.print(f"wrote {output}", highlight=False)
 
 
-@app.command("attention")
+@command(app, "attention")
 @handle_errors
 def attention_cmd(
     sentence: Annotated[str, typer.Argument(help="A source sentence (raw text).")],
@@ -490,31 +421,30 @@ def attention_cmd(
 
 
 # ----------------------------------------------------------------------------- export
-export_app = typer.Typer(cls=OneLineErrors, no_args_is_help=True, add_completion=False,
-                         context_settings={"help_option_names": ["-h", "--help"]},
-                         help="Convert a trained model for another inference engine.")
+export_app = command_group("Convert a trained model for another inference engine.", add_completion=False)
 app.add_typer(export_app, name="export")
 
 
-@export_app.command("ctranslate2")
+@command(export_app, "ctranslate2")
 @handle_errors
 def export_ctranslate2_cmd(
     model: Annotated[Path, typer.Option("--model", "-m", help="nmt checkpoint (e.g. an averaged model.pt).")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Model folder to write.")],
-    quantization: Annotated[str, typer.Option(
-        help="Weight type: float32, int8, int8_float32, bfloat16, int8_bfloat16, float16, int8_float16.")] = "float32",
+    quantization: Annotated[str, typer.Option(help=(
+        "Weight type, named as --precision names them: fp32, bf16, fp16, int8, int8_fp32, int8_bf16, int8_fp16 "
+        "(CTranslate2's own names work too)."))] = "fp32",
     force: Annotated[bool, typer.Option(
         help="Replace a CTranslate2 export nmt made at --output (nothing else).")] = False,
 ) -> None:
     """Write a CTranslate2 model folder (weights, vocabulary, BPE codes, tokenizer settings) that
     `nmt translate -m DIR` and `nmt serve -m DIR` run without PyTorch."""
-    from .ct2 import export_ctranslate2
+    from .ct2 import export_ctranslate2, quantization_name
 
     export_ctranslate2(model, output, quantization, force)
-    err.print(f"exported {model} to {output} ({quantization})", markup=False, highlight=False)
+    err.print(f"exported {model} to {output} ({quantization_name(quantization)})", markup=False, highlight=False)
 
 
-@export_app.command("transformers")
+@command(export_app, "transformers")
 @handle_errors
 def export_transformers_cmd(
     model: Annotated[Path, typer.Option("--model", "-m", help="nmt checkpoint (e.g. an averaged model.pt).")],
@@ -531,7 +461,7 @@ def export_transformers_cmd(
 
 
 # ----------------------------------------------------------------------------- average
-@app.command("average")
+@command(app, "average", aliases=AVERAGE_ALIASES)
 @handle_errors
 def average_cmd(
     checkpoints: Annotated[Optional[list[Path]], typer.Argument(
@@ -608,7 +538,7 @@ def _stdin_batches(max_lines: int):
             yield batch
 
 
-@app.command("translate")
+@command(app, "translate", aliases=TRANSLATE_ALIASES)
 @handle_errors
 @collect_after_loading
 def translate_cmd(
@@ -638,10 +568,12 @@ def translate_cmd(
     device: Annotated[Optional[Device], typer.Option(
         rich_help_panel=P_DEVICE, help="Default: cuda when available, else cpu.")] = None,
     precision: Annotated[Precision, typer.Option(
-        rich_help_panel=P_DEVICE, help="Precision (fp16: CUDA only).")] = Precision.fp32,
+        rich_help_panel=P_DEVICE, help=(
+            "Precision (fp16: CUDA only; auto: bf16 where the device multiplies it in hardware, else fp32)."
+        ))] = Precision.fp32,
     threads: Annotated[int, typer.Option(rich_help_panel=P_DEVICE, help=(
         "CPU threads in all (0: torch's default; an exported model up to 4)."))] = 0,
-    workers: Annotated[int, typer.Option(rich_help_panel=P_DEVICE, help=(
+    parallel_batches: Annotated[int, typer.Option(rich_help_panel=P_DEVICE, help=(
         "Batches translated at once, each on its share of the threads (0: 2 on a CPU with 2+ threads, "
         "else 1)."))] = 0,
     engine: Annotated[Engine, typer.Option(rich_help_panel=P_DEVICE, help=ENGINE_HELP)] = Engine.auto,
@@ -660,8 +592,8 @@ def translate_cmd(
     from .pipeline import TextTranslator
     from .textio import atomic_path, read_lines
 
-    if workers < 0:
-        raise NmtError(f"--workers must be 0 (automatic) or more (got {workers})")
+    if parallel_batches < 0:
+        raise NmtError(f"--parallel-batches must be 0 (automatic) or more (got {parallel_batches})")
     aligning = alignments or alignments_out is not None
     if aligning and nbest > 1:
         raise NmtError("--alignments prints one translation per line: drop --nbest")
@@ -672,7 +604,7 @@ def translate_cmd(
     # before anything is loaded or printed (the model's own beam is checked against --nbest once it is loaded)
     TextTranslator.check_options(beam or max(4, nbest), 0.6 if lenpen is None else lenpen, **options)
     translator = load_translator(model, device=device.value if device else None, precision=precision.value,
-                                 threads=threads, engine=engine.value, workers=workers)
+                                 threads=threads, engine=engine.value, workers=parallel_batches)
     options["beam"], options["lenpen"] = translator.search_settings(beam, lenpen)
     TextTranslator.check_options(**options)
     if not greedy and (note := translator.settings_note(beam, lenpen)) is not None:
@@ -757,7 +689,7 @@ def translate_cmd(
 
 
 # ----------------------------------------------------------------------------- serve
-@app.command("serve")
+@command(app, "serve", aliases={"--max-batch": "--batch-size", **FAIRSEQ_DEVICE})
 @handle_errors
 @collect_after_loading
 def serve_cmd(
@@ -765,9 +697,9 @@ def serve_cmd(
         "Checkpoint (repeat for an ensemble), or a folder written by `nmt export ctranslate2`."))],
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
-    max_batch: Annotated[int, typer.Option(help="Sentences per search batch, gathered across requests.")] = 64,
+    batch_size: Annotated[int, typer.Option(help="Sentences per search batch, gathered across requests.")] = 64,
     max_tokens: Annotated[Optional[int], typer.Option(
-        help="Padded source tokens per search batch (instead of --max-batch).")] = None,
+        help="Padded source tokens per search batch (instead of --batch-size).")] = None,
     batch_wait_ms: Annotated[float, typer.Option(help="How long a request waits for others to batch with.")] = 5.0,
     max_queue: Annotated[int, typer.Option(help="Sentences waiting at most; beyond, requests get 503.")] = 1024,
     max_sentences: Annotated[int, typer.Option(help="Sentences per request at most (else 413).")] = 64,
@@ -786,7 +718,9 @@ def serve_cmd(
     shutdown_seconds: Annotated[float, typer.Option(help=(
         "After SIGTERM: stop accepting, answer what is queued for up to this long, exit 0."))] = 30.0,
     device: Annotated[Optional[Device], typer.Option(help="Default: cuda when available, else cpu.")] = None,
-    precision: Annotated[Precision, typer.Option(help="Precision (fp16: CUDA only).")] = Precision.fp32,
+    precision: Annotated[Precision, typer.Option(help=(
+        "Precision (fp16: CUDA only; auto: bf16 where the device multiplies it in hardware, else fp32)."
+        ))] = Precision.fp32,
     threads: Annotated[int, typer.Option(help=(
         "CPU threads in all (0: torch's default; an exported model up to 4)."))] = 0,
     engine: Annotated[Engine, typer.Option(help=ENGINE_HELP)] = Engine.auto,
@@ -796,7 +730,7 @@ def serve_cmd(
     from .engines import load_translator
     from .serve import AccessLog, ServeLimits, check_port, read_api_keys, serve, translator_thread
 
-    for flag, value in (("--max-batch", max_batch), ("--max-queue", max_queue), ("--max-sentences", max_sentences),
+    for flag, value in (("--batch-size", batch_size), ("--max-queue", max_queue), ("--max-sentences", max_sentences),
                         ("--max-chars", max_chars)):
         if value < 1:
             raise NmtError(f"{flag} must be at least 1 (got {value})")
@@ -824,7 +758,7 @@ def serve_cmd(
     translator = executor.submit(load_translator, model, device=device.value if device else None,
                                  precision=precision.value, threads=threads, engine=engine.value).result()
     start_up_done()
-    limits = ServeLimits(max_batch, max_tokens, batch_wait_ms, max_queue, max_sentences, max_chars, max_body_bytes,
+    limits = ServeLimits(batch_size, max_tokens, batch_wait_ms, max_queue, max_sentences, max_chars, max_body_bytes,
                          max_work, cache_mb, shutdown_seconds)
     runs_on = "ctranslate2" if isinstance(translator, CTranslate2Translator) else "nmt"
     if runs_on == "nmt":
@@ -839,11 +773,11 @@ def serve_cmd(
 
 
 # ----------------------------------------------------------------------------- score
-@app.command("score")
+@command(app, "score", aliases={"--hyp": "--input"})
 @handle_errors
 def score_cmd(
     ref: Annotated[list[Path], typer.Option("--ref", "-r", help="Reference file; repeat for several.")],
-    hyp: Annotated[Optional[Path], typer.Option("--hyp", help="Hypotheses (default stdin).")] = None,
+    hyp: Annotated[Optional[Path], typer.Option("--input", "-i", help="Hypotheses (default stdin).")] = None,
     metrics: Annotated[str, typer.Option(help="Comma-separated: bleu,chrf,ter.")] = "bleu,chrf,ter",
     tokenized_bleu: Annotated[Optional[str], typer.Option(
         help="Also report the paper-era tokenized, compound-split BLEU (give the target language, e.g. de).")] = None,

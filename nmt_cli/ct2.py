@@ -18,7 +18,20 @@ from .textio import check_replaceable, export_kind, mark_export, publish_directo
 from .vocab import Vocabulary
 
 FORMAT = "nmt-ctranslate2/1"
-QUANTIZATIONS = ("float32", "int8", "int8_float32", "bfloat16", "int8_bfloat16", "float16", "int8_float16")
+# Weight types in the words `--precision` uses (fp32, bf16, fp16), int8 for the quantized ones -> CTranslate2's names
+# (accepted too).
+QUANTIZATIONS = {"fp32": "float32", "int8": "int8", "int8_fp32": "int8_float32", "bf16": "bfloat16",
+                 "int8_bf16": "int8_bfloat16", "fp16": "float16", "int8_fp16": "int8_float16"}
+
+
+def quantization_name(name: str) -> str:
+    """The nmt name of a weight type given in either vocabulary ('float32' -> 'fp32'); one line for others."""
+    if name in QUANTIZATIONS:
+        return name
+    for nmt_name, ct2_name in QUANTIZATIONS.items():
+        if name == ct2_name:
+            return nmt_name
+    raise NmtError(f"unknown --quantization {name!r} (choose from {', '.join(QUANTIZATIONS)})")
 INSTALL_HINT = "CTranslate2 is not installed; install it with: pip install -e '.[ct2]' (or pip install ctranslate2)"
 
 
@@ -102,7 +115,7 @@ def build_spec(state: dict) -> Any:
     return spec
 
 
-def export_ctranslate2(checkpoint: str | Path, out: str | Path, quantization: str = "float32",
+def export_ctranslate2(checkpoint: str | Path, out: str | Path, quantization: str = "fp32",
                        force: bool = False) -> Path:
     """Write an nmt checkpoint as a self-contained CTranslate2 model folder; returns the folder."""
     ctranslate2 = _ctranslate2()
@@ -110,8 +123,7 @@ def export_ctranslate2(checkpoint: str | Path, out: str | Path, quantization: st
 
     from .checkpoint import load_checkpoint, require_keys
 
-    if quantization not in QUANTIZATIONS:
-        raise NmtError(f"unknown --quantization {quantization!r} (choose from {', '.join(QUANTIZATIONS)})")
+    quantization = quantization_name(quantization)
     out = Path(out)
     check_replaceable(out, force, "an nmt export for ctranslate2", lambda f: export_kind(f) == "ctranslate2")
     state = require_keys(load_checkpoint(checkpoint), checkpoint)
@@ -124,7 +136,7 @@ def export_ctranslate2(checkpoint: str | Path, out: str | Path, quantization: st
 
     with staging_directory(out) as staging:
         model_dir = staging / "model"  # CTranslate2 writes a folder of its own
-        _Spec().convert(str(model_dir), quantization=None if quantization == "float32" else quantization)
+        _Spec().convert(str(model_dir), quantization=None if quantization == "fp32" else QUANTIZATIONS[quantization])
         meta = {"format": FORMAT, "source_lang": state["source_lang"], "target_lang": state["target_lang"],
                 "tokenizer": state.get("tokenizer") or {}, "max_positions": state["config"]["max_positions"],
                 "quantization": quantization, "exported_from": str(checkpoint),

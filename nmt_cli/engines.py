@@ -37,7 +37,7 @@ def load_translator(paths: Sequence[str | Path], device: str | None = None, prec
         if len(paths) > 1:
             hint = "" if exported else " (or use --engine nmt)"  # --engine nmt cannot run an exported folder
             raise NmtError(f"{paths[0]}: CTranslate2 runs one model, not an ensemble; give it alone{hint}")
-        if precision != "fp32":
+        if precision not in ("fp32", "auto"):
             raise NmtError(f"--precision {precision}: CTranslate2 computes in the type the model was exported with "
                            "(nmt export ctranslate2 --quantization)")
         from .ct2 import CTranslate2Translator  # imported when used: an exported folder runs without torch

@@ -25,6 +25,7 @@ from .checkpoint import CheckpointWriter, load_checkpoint, numbered_checkpoints,
 from .data import Batch, DataDir, collate, make_batches, prefetch, shuffled
 from .errors import NmtError
 from .model import ModelConfig, Transformer, count_parameters, make_config
+from .precision import resolve_precision
 from .runstate import (
     EXIT_CODES,
     JsonLog,
@@ -48,16 +49,6 @@ from .update import (  # noqa: F401  (re-exported: nmt_cli.train is where caller
     valid_bleu,
     validate,
 )
-
-
-def check_precision(precision: str, device: torch.device) -> None:
-    """Refuse precisions the device cannot run, with one line."""
-    if precision not in ("fp32", "bf16", "fp16"):
-        raise NmtError(f"unknown --precision {precision!r} (use fp32, bf16 or fp16)")
-    if precision == "fp16" and device.type != "cuda":
-        raise NmtError("--precision fp16 needs CUDA (loss scaling is for GPUs); on CPU use bf16 or fp32")
-    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise NmtError("--precision bf16: this GPU does not support bfloat16; use fp16")
 
 
 def check_resume(state: dict, path: Path, config: ModelConfig, data: DataDir) -> None:
@@ -195,6 +186,21 @@ def schedule_warning(opts: TrainOptions) -> str | None:
     return None
 
 
+def stopping_line(opts: TrainOptions) -> str:
+    """How the run will stop and how to stop it safely, said once at start-up."""
+    limits = [f"{opts.max_updates:,} updates" if opts.max_updates else "",
+              f"{opts.max_epochs} epochs" if opts.max_epochs else "",
+              f"{opts.max_time:g} minutes" if opts.max_time else "",
+              f"{opts.patience} validations without improvement" if opts.patience else ""]
+    limits = [x for x in limits if x]
+    safe = ("Ctrl-C (or SIGTERM) saves checkpoint_last.pt after the current update and stops; the same command "
+            "resumes")
+    if not limits:
+        return ("no stopping limit (--max-updates, --max-epochs, --max-time or --patience): trains until stopped; "
+                + safe)
+    return f"stops after {' or '.join(limits)}, whichever comes first; " + safe
+
+
 def check_lengths(data: DataDir, splits: dict, config: ModelConfig) -> None:
     """Refuse, before training starts, data with sentences the model's positions cannot hold."""
     for name, corpus in splits.items():
@@ -216,9 +222,9 @@ class Trainer:
 
     def __init__(self, opts: TrainOptions) -> None:
         check_options(opts)
-        self.opts = opts
         self.device = device = D.resolve_device(opts.device, int(os.environ.get("LOCAL_RANK", "0")))
-        check_precision(opts.precision, device)
+        # `auto` is recorded (options.json, the log) as what it chose on this device
+        self.opts = opts = replace(opts, precision=resolve_precision(opts.precision, device))
         self.data = data = DataDir.open(opts.data)
         initial = self.initial_model(data) if opts.init_from is not None else None
         if initial is not None:  # the model's own architecture; only the dropout rates may change
@@ -373,6 +379,8 @@ class Trainer:
                 self.log.write({"event": "warning", "message": warning})
                 if ctx.is_main and not opts.quiet:
                     print(f"nmt train: warning: {warning}", file=sys.stderr, flush=True)
+            if ctx.is_main and not opts.quiet:
+                print(f"nmt train: {stopping_line(opts)}", file=sys.stderr, flush=True)
             if opts.init_from is not None and not self.resumed:
                 self.validate_starting_point()
             self.start = time.monotonic() - state.elapsed

@@ -28,7 +28,7 @@ class TrainOptions:
     max_updates: int = 0
     max_epochs: int = 0
     max_time: float = 0.0  # minutes of wall-clock time, validation included
-    precision: str = "fp32"
+    precision: str = "auto"  # precision.auto_precision: bf16 where the device runs it fast, else fp32
     seed: int = 1
     device: str | None = None
     save_interval_updates: int = 0

@@ -15,11 +15,10 @@ from .distributed import resolve_device
 from .errors import NmtError
 from .model import Transformer
 from .pipeline import Hyp, TextTranslator, default_workers, stored_decoding
+from .precision import PRECISIONS, resolve_precision
 from .search import EnsembleModel, Hypothesis, beam_search, greedy_search
 from .segment import Segmenter, segmenter_of
 from .vocab import Vocabulary
-
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class Translator(TextTranslator):
@@ -32,10 +31,7 @@ class Translator(TextTranslator):
     def __init__(self, models: Sequence[Transformer], vocab: Vocabulary, segmenter: Segmenter, source_lang: str,
                  target_lang: str, device: torch.device, precision: str = "fp32", workers: int = 1,
                  threads: int = 0) -> None:
-        if precision not in PRECISIONS:
-            raise NmtError(f"unknown --precision {precision!r} (use fp32, bf16 or fp16)")
-        if precision == "fp16" and device.type != "cuda":
-            raise NmtError("--precision fp16 needs CUDA; on CPU use bf16 or fp32")
+        precision = resolve_precision(precision, device)
         if threads < 0:
             raise NmtError(f"--threads must be 0 (torch's default) or more (got {threads})")
         size_kernel_cache(DECODING_KERNEL_CACHE)
@@ -61,6 +57,7 @@ class Translator(TextTranslator):
         0 chooses (`pipeline.default_workers`)."""
         paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
         dev = resolve_device(device)
+        precision = resolve_precision(precision, dev)
         workers = workers or default_workers(dev.type, threads or torch.get_num_threads())
         models, first = [], None
         for path in paths:

@@ -13,7 +13,7 @@ TGT            ?= de
 LINES          ?=
 BPE_MERGES     ?= 10000
 ARCH           ?= small
-PRECISION      ?= bf16
+PRECISION      ?= auto
 MAX_TOKENS     ?= 4096
 LR_SCALE       ?= 0.5
 WARMUP         ?= 1000
@@ -81,7 +81,7 @@ $(EXP)/test.hyp: $(EXP)/model.pt
 	$(NMT) translate -m $< -i $(EXP)/data/test.raw.$(SRC) -o $@  # with the beam and length penalty chosen on val
 
 multi30k-score: $(EXP)/test.hyp
-	$(NMT) score --ref $(EXP)/data/test.raw.$(TGT) --hyp $< --metrics bleu,chrf
+	$(NMT) score --ref $(EXP)/data/test.raw.$(TGT) -i $< --metrics bleu,chrf
 	@echo "$(EXP)/model.pt carries the beam and length penalty chosen on val; nmt is in $(BIN): source $(BIN)/activate"
 
 # The paper's Table 3 on Multi30k (recipes/variations.py): one model per row, each changing one thing from the

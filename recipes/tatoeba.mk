@@ -21,7 +21,7 @@ T_LINES     := $(call given,LINES,)
 T_MINUTES   := $(call given,TRAIN_MINUTES,30)
 T_UPDATES   := $(call given,MAX_UPDATES,0)
 T_ARCH      := $(call given,ARCH,small)
-T_PRECISION := $(call given,PRECISION,bf16)
+T_PRECISION := $(call given,PRECISION,auto)
 T_TOKENIZER := $(call given,TOKENIZER,sentencepiece)
 # 8,000 shared pieces for ~23k pairs (WMT's 32-37k is for millions); BPE on Moses words gets as many merges.
 # A smoke run on LINES= pairs gets 3,000 (a few thousand lines cannot fill 8,000 SentencePiece pieces).
@@ -78,6 +78,6 @@ $(T_EXP)/test.hyp: $(T_EXP)/model.pt
 
 # Scored with the target language's tokenizer (sacreBLEU's zh into Chinese, 13a into English), read from the model.
 $(T_EXP)/score.json: $(T_EXP)/test.hyp
-	$(NMT) score -m $(T_EXP)/model.pt --ref $(T_EXP)/data/test.raw.$(T_TGT) --hyp $< --metrics bleu,chrf
-	@$(NMT) score -m $(T_EXP)/model.pt --ref $(T_EXP)/data/test.raw.$(T_TGT) --hyp $< --metrics bleu,chrf --json \
+	$(NMT) score -m $(T_EXP)/model.pt --ref $(T_EXP)/data/test.raw.$(T_TGT) -i $< --metrics bleu,chrf
+	@$(NMT) score -m $(T_EXP)/model.pt --ref $(T_EXP)/data/test.raw.$(T_TGT) -i $< --metrics bleu,chrf --json \
 	  > $@.tmp && mv $@.tmp $@

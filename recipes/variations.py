@@ -174,7 +174,7 @@ def main() -> None:
     parser.add_argument("--updates", type=int, required=True)
     parser.add_argument("--rows", default="A,B,C,D,E", help="groups to train besides the base, e.g. A,E")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--precision", default="bf16")
+    parser.add_argument("--precision", default="auto")
     parser.add_argument("--launcher", default="", help="runs `-m nmt_cli train ...`: e.g. torchrun --standalone "
                         "--nproc_per_node 8 (default: this Python)")
     parser.add_argument("--train-flags", default="", help="more nmt train flags, the same for every row")

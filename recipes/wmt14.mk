@@ -95,7 +95,7 @@ $(WMT14_EXP)/$(1)/newstest2014.hyp: $(WMT14_EXP)/$(1)/model.pt
 	  { echo "wmt14: $$@ does not have one line per test sentence" >&2; rm -f $$@; exit 2; }
 
 wmt14-$(1): $(WMT14_EXP)/$(1)/newstest2014.hyp
-	nmt score --ref $(WMT14_EXP)/data/test.raw.de --hyp $$< --metrics bleu,chrf --tokenized-bleu de
+	nmt score --ref $(WMT14_EXP)/data/test.raw.de -i $$< --metrics bleu,chrf --tokenized-bleu de
 else
 wmt14-$(1): $(WMT14_EXP)/$(1)/.trained
 	@echo "wmt14-$(1): node $(NODE_RANK) finished training; node 0 averages, translates and scores"

@@ -90,7 +90,7 @@ def toy_data(tmp_path_factory) -> Path:
 
 
 TOY_TRAINING = dict(arch="tiny", dropout=0.0, max_tokens=1024, max_updates=800, warmup=100, cooldown=0.3,
-                    lr_scale=1.0, device="cpu", quiet=True, seed=3)
+                    lr_scale=1.0, device="cpu", precision="fp32", quiet=True, seed=3)
 
 
 @pytest.fixture(scope="session")
@@ -123,5 +123,5 @@ def multi30k_tiny(tmp_path_factory) -> tuple[Path, Path]:
     prepare(PrepareOptions("en", "de", str(root / "train"), str(root / "val"), root / "data", bpe_merges=1000,
                            workers=1, quiet=True))
     train(TrainOptions(data=root / "data", save_dir=root / "ckpt", arch="tiny", max_tokens=2048, max_updates=200,
-                       warmup=100, lr_scale=2.0, device="cpu", quiet=True, seed=1))
+                       warmup=100, lr_scale=2.0, device="cpu", precision="fp32", quiet=True, seed=1))
     return root / "ckpt" / "checkpoint_last.pt", root

@@ -26,7 +26,7 @@ def main() -> None:
     data, save = sys.argv[1], sys.argv[2]
     updates = int(sys.argv[3]) if len(sys.argv) > 3 else 6
     opts = TrainOptions(data=data, save_dir=save, arch="tiny", max_tokens=256, update_freq=2, max_updates=updates,
-                        warmup=50, device="cpu", seed=3, quiet=True, log_interval=2, clip_norm=1.0,
+                        warmup=50, device="cpu", precision="fp32", seed=3, quiet=True, log_interval=2, clip_norm=1.0,
                         valid_interval=10_000)
     reads: list[str] = []
     for name in READS:

@@ -21,7 +21,7 @@ def two_checkpoints(toy_data, tmp_path_factory):
 
     save = tmp_path_factory.mktemp("avg")
     train(TrainOptions(data=toy_data, save_dir=save, arch="tiny", max_tokens=512, max_updates=6, warmup=10,
-                       save_interval_updates=3, device="cpu", quiet=True))
+                       save_interval_updates=3, device="cpu", precision="fp32", quiet=True))
     return save
 
 
@@ -91,7 +91,7 @@ def test_score_equals_sacrebleu_cli(tmp_path):
     hyp, ref = tmp_path / "hyp", tmp_path / "ref"
     hyp.write_text("\n".join(HYPS) + "\n")
     ref.write_text("\n".join(REFS) + "\n")
-    r = run_cli("score", "--ref", ref, "--hyp", hyp, "--json")
+    r = run_cli("score", "--ref", ref, "-i", hyp, "--json")
     assert r.exit_code == 0, r.output
     ours = {x["metric"]: x for x in json.loads(r.stdout)}
     cli = subprocess.run([sys.executable, "-m", "sacrebleu", str(ref), "-i", str(hyp), "-m", "bleu", "chrf", "ter",
@@ -119,7 +119,7 @@ def test_score_line_count_mismatch(tmp_path):
     hyp, ref = tmp_path / "hyp", tmp_path / "ref"
     hyp.write_text("one\ntwo\n")
     ref.write_text("one\n")
-    r = run_cli("score", "--ref", ref, "--hyp", hyp)
+    r = run_cli("score", "--ref", ref, "-i", hyp)
     expect_error(r, "has 2 lines")
 
 
@@ -141,9 +141,9 @@ def test_score_says_when_japanese_bleu_falls_back_to_characters(tmp_path, monkey
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "MeCab" else real(name, *a))
     (tmp_path / "h").write_text("今日は晴れです。\n", encoding="utf-8")
     (tmp_path / "r").write_text("今日は晴れだ。\n", encoding="utf-8")
-    result = run_cli("score", "--hyp", tmp_path / "h", "-r", tmp_path / "r", "--lang", "ja", "--metrics", "bleu")
+    result = run_cli("score", "-i", tmp_path / "h", "-r", tmp_path / "r", "--lang", "ja", "--metrics", "bleu")
     assert result.exit_code == 0, result.output
     assert "MeCab is not installed, so BLEU tokenizes ja by characters" in result.stderr
     assert "sacrebleu[ja]" in result.stderr and "tok:char" in result.stdout
-    quiet = run_cli("score", "--hyp", tmp_path / "h", "-r", tmp_path / "r", "--lang", "de", "--metrics", "bleu")
+    quiet = run_cli("score", "-i", tmp_path / "h", "-r", tmp_path / "r", "--lang", "de", "--metrics", "bleu")
     assert quiet.exit_code == 0 and "warning" not in quiet.stderr

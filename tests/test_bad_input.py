@@ -26,7 +26,7 @@ def test_prepare_options(raw, tmp_path):
 
 def test_bpe_subcommands(raw, tmp_path):
     expect_error(run_cli("learn-bpe", raw / "missing.en", "-o", tmp_path / "c"), "missing.en", "no such file")
-    expect_error(run_cli("learn-bpe", raw / "train.en", "-m", "0", "-o", tmp_path / "c"), "--merges")
+    expect_error(run_cli("learn-bpe", raw / "train.en", "-n", "0", "-o", tmp_path / "c"), "--merges")
     (tmp_path / "empty").write_text("\n\n")
     expect_error(run_cli("learn-bpe", tmp_path / "empty", "-o", tmp_path / "c"), "empty corpus")
     (tmp_path / "bad").write_bytes(b"ok\n\xc3\x28\n")
@@ -92,12 +92,12 @@ def test_score_inputs(tmp_path):
 
 def test_output_paths_that_are_directories_or_under_files(raw, toy_data, tmp_path):
     codes = tmp_path / "codes"
-    assert run_cli("learn-bpe", raw / "train.en", "-m", "10", "-o", codes).exit_code == 0
+    assert run_cli("learn-bpe", raw / "train.en", "-n", "10", "-o", codes).exit_code == 0
     (tmp_path / "adir").mkdir()
     (tmp_path / "afile").write_text("x")
-    expect_error(run_cli("learn-bpe", raw / "train.en", "-m", "10", "-o", tmp_path / "adir"), "adir",
+    expect_error(run_cli("learn-bpe", raw / "train.en", "-n", "10", "-o", tmp_path / "adir"), "adir",
                  "is a directory")
-    expect_error(run_cli("learn-bpe", raw / "train.en", "-m", "10", "-o", tmp_path / "afile" / "c"), "afile",
+    expect_error(run_cli("learn-bpe", raw / "train.en", "-n", "10", "-o", tmp_path / "afile" / "c"), "afile",
                  "not a directory")
     expect_error(run_cli("apply-bpe", "-c", codes, "-i", raw / "train.en", "-o", tmp_path / "adir"), "adir",
                  "is a directory")
@@ -135,7 +135,7 @@ def test_codes_files_that_are_not_codes(raw, tmp_path):
 
 def test_apply_bpe_refuses_non_utf8_stdin(raw, tmp_path):
     codes = tmp_path / "codes"
-    assert run_cli("learn-bpe", raw / "train.en", "-m", "10", "-o", codes).exit_code == 0
+    assert run_cli("learn-bpe", raw / "train.en", "-n", "10", "-o", codes).exit_code == 0
     expect_error(run_cli("apply-bpe", "-c", codes, input=b"fine\n\xff bad\n"), "<stdin>:2", "UTF-8")
     expect_error(run_cli("apply-bpe", "-c", codes, "-o", tmp_path / "out", input=b"fine\n\xff bad\n"), "<stdin>:2")
     assert not (tmp_path / "out").exists()
@@ -193,8 +193,8 @@ def test_translate_and_score_limits(toy_model, tmp_path):
     for args, fragment in ((("--beam", "0"), "--beam must be at least 1"), (("--nbest", "0"), "--nbest"),
                            (("--batch-size", "0"), "--batch-size"), (("--nbest", "5", "--beam", "4"), "larger than"),
                            (("--nbest", "2", "--greedy"), "greedy"), (("--lenpen", "-1"), "--lenpen"),
-                           (("--max-tokens", "0"), "--max-tokens"), (("--workers", "-1"), "--workers"),
-                           (("--threads", "-2"), "--threads")):
+                           (("--max-tokens", "0"), "--max-tokens"), (("--threads", "-2"), "--threads"),
+                           (("--parallel-batches", "-1"), "--parallel-batches")):
         expect_error(run_cli("translate", "-m", toy_model, *args, input="W1 w2.\n"), fragment)
     src = tmp_path / "src"
     src.write_text("W1 w2.\n\nW3 w4 w5.\n")
@@ -202,7 +202,7 @@ def test_translate_and_score_limits(toy_model, tmp_path):
     lines = result.stdout.splitlines()
     assert result.exit_code == 0 and [int(x.split("\t")[0]) for x in lines] == [1, 1, 1, 2, 2, 2, 3, 3, 3]
     (tmp_path / "empty").write_text("")
-    expect_error(run_cli("score", "--ref", tmp_path / "empty", "--hyp", tmp_path / "empty"), "empty", "nothing")
+    expect_error(run_cli("score", "--ref", tmp_path / "empty", "-i", tmp_path / "empty"), "empty", "nothing")
 
 
 def test_average_of_a_directory_needs_last(toy_model, tmp_path):
@@ -252,7 +252,7 @@ def test_errors_say_what_the_wrong_thing_is(toy_model, toy_data, raw, tmp_path):
     expect_error(result, "nope.pt")
     assert result.stderr.startswith("nmt export ctranslate2: error:"), result.stderr
     (tmp_path / "hyp").write_text("我 很 好\n", encoding="utf-8")
-    expect_error(run_cli("score", "--ref", tmp_path / "hyp", "--hyp", tmp_path / "hyp", "--tokenized-bleu", "zh"),
+    expect_error(run_cli("score", "--ref", tmp_path / "hyp", "-i", tmp_path / "hyp", "--tokenized-bleu", "zh"),
                  "--tokenized-bleu zh", "--metrics bleu")
 
 

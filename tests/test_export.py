@@ -155,7 +155,7 @@ def test_exported_folder_is_self_contained(multi30k_tiny, exported):
     folder = exported["float32"]
     meta = json.loads((folder / "nmt.json").read_text())
     state = load_checkpoint(multi30k_tiny[0])
-    assert meta["source_lang"] == "en" and meta["target_lang"] == "de" and meta["quantization"] == "float32"
+    assert meta["source_lang"] == "en" and meta["target_lang"] == "de" and meta["quantization"] == "fp32"
     assert (folder / "bpe.codes").read_text(encoding="utf-8") == state["bpe_codes"]
     assert (folder / "vocab.txt").read_text(encoding="utf-8").splitlines() == state["vocab"]
     assert (folder / "model.bin").stat().st_size > 0

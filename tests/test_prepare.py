@@ -138,7 +138,7 @@ def test_subcommands_pipeline(tmp_path):
     write_task(raw / "train", 80, seed=1)
     write_task(raw / "val", 8, seed=2)
     codes = tmp_path / "codes"
-    assert run_cli("learn-bpe", raw / "train.en", raw / "train.de", "-m", "20", "-o", codes).exit_code == 0
+    assert run_cli("learn-bpe", raw / "train.en", raw / "train.de", "-n", "20", "-o", codes).exit_code == 0
     assert len(codes.read_text().splitlines()) > 5
     for split in ("train", "val"):
         for lang in ("en", "de"):

@@ -56,7 +56,7 @@ def spm_model(spm_data, tmp_path_factory) -> Path:
 
     save = tmp_path_factory.mktemp("spm_ckpt")
     train(TrainOptions(data=spm_data, save_dir=save, arch="tiny", max_tokens=2048, max_updates=150, warmup=50,
-                       lr_scale=2.0, device="cpu", quiet=True, seed=1))
+                       lr_scale=2.0, device="cpu", precision="fp32", quiet=True, seed=1))
     return save / "checkpoint_last.pt"
 
 
@@ -221,7 +221,7 @@ def test_score_tokenizes_as_the_target_language_wants(spm_model, spm_data, tmp_p
     assert zh["score"] > plain["score"]  # 13a sees each sentence as one word; zh splits the characters
     (tmp_path / "h").write_text("\n".join(hyps) + "\n", encoding="utf-8")
     (tmp_path / "r").write_text("\n".join(refs) + "\n", encoding="utf-8")
-    base = ["score", "--ref", tmp_path / "r", "--hyp", tmp_path / "h", "--metrics", "bleu", "--json"]
+    base = ["score", "--ref", tmp_path / "r", "-i", tmp_path / "h", "--metrics", "bleu", "--json"]
     for extra, tokenizer in ((["-l", "zh"], "zh"), (["--tokenize", "char"], "char"), ([], "13a"),
                              (["-m", spm_data], "13a")):  # the data dir translates into English
         result = run_cli(*base, *extra)

@@ -219,7 +219,7 @@ def test_serve_bad_command_line(toy_model):
         s.listen()
         busy = s.getsockname()[1]
         expect_error(run_cli("serve", "-m", toy_model, "--port", busy), f"127.0.0.1:{busy}", "cannot listen")
-    expect_error(run_cli("serve", "-m", toy_model, "--max-batch", "0"), "--max-batch")
+    expect_error(run_cli("serve", "-m", toy_model, "--batch-size", "0"), "--batch-size")
     expect_error(run_cli("serve", "-m", toy_model, "--port", "70000"), "--port", "70000")
     expect_error(run_cli("serve", "-m", toy_model, "--max-sentences", "10", "--max-queue", "5"), "--max-queue")
     expect_error(run_cli("serve", "-m", "/nonexistent.pt", "--port", "0"), "nonexistent.pt")
@@ -371,7 +371,7 @@ def test_sigterm_answers_queued_work_then_exits_0(toy_model, sentences):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "nmt_cli", "serve", "-m", str(toy_model), "--host", "0.0.0.0",
-                             "--port", str(port), "--batch-wait-ms", "1500", "--max-batch", "64"],
+                             "--port", str(port), "--batch-wait-ms", "1500", "--batch-size", "64"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:

@@ -335,6 +335,36 @@ def test_a_warmup_longer_than_the_budget_is_reported(toy_data, tmp_path):
     assert '"warning"' not in (tmp_path / "fits" / "train.jsonl").read_text()
 
 
+def test_precision_auto_is_bf16_only_where_the_cpu_multiplies_it_and_the_run_says_how_it_stops(
+        toy_data, tmp_path, monkeypatch):
+    """The default `--precision auto` records what it chose (bf16 on a CPU with AMX or avx512_bf16 and oneDNN
+    kernels for it, fp32 elsewhere), and the start-up line says how the run stops and how to stop it safely."""
+    import torch
+
+    from nmt_cli import precision
+    from nmt_cli.train import stopping_line
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: False)
+    assert precision.auto_precision(cpu) == "fp32"
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr("nmt_cli.ops.ONEDNN_BF16", True)
+    assert precision.auto_precision(cpu) == "bf16"
+    monkeypatch.setattr("nmt_cli.ops.ONEDNN_BF16", False)  # AVX-512 missing: oneDNN has no bf16 kernels
+    assert precision.auto_precision(cpu) == "fp32"
+    monkeypatch.undo()
+
+    result = run_cli("train", toy_data, "--save-dir", tmp_path / "auto", "--arch", "tiny", "--max-updates", "2",
+                     "--warmup", "1", "--max-time", "5", "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    options = json.loads((tmp_path / "auto" / "options.json").read_text())
+    assert options["precision"] == precision.auto_precision(cpu) != "auto"
+    assert "stops after 2 updates or 5 minutes, whichever comes first; Ctrl-C" in result.stderr
+    assert "trains until stopped" in stopping_line(_opts(toy_data, tmp_path))
+    expect_error(run_cli("train", toy_data, "--save-dir", tmp_path / "x", "--precision", "fp16", "--device", "cpu"),
+                 "--precision fp16 needs CUDA")
+
+
 def test_a_resume_that_cannot_be_exact_is_refused_and_schedule_changes_are_reported(toy_data, tmp_path):
     """Re-running in a save dir with another --max-tokens (or --update-freq, --seed) would map the saved data
     position onto other batches: refused with one line. Another --warmup is allowed, and said at start."""
