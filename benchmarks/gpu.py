@@ -28,32 +28,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-VOCAB = 37_000
-MEAN_LEN = 27  # BPE tokens per WMT14 en-de sentence (~25 words) plus </s>
-# Dense bf16/fp16 tensor-core peaks (TFLOP/s), from the vendors' data sheets (SXM parts).
-PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "V100": 125.0,
-               "P100": 21.2}
+from nmt_cli.gpu_check import (  # noqa: E402  (the FLOPs formula and batches gpu-check times too)
+    PEAK_TFLOPS,
+    VOCAB,
+    flops_per_target_token,
+    synthetic_batches,
+)
+
 RECIPE = {"base": (100_000, 25_000), "big": (300_000, 25_000)}  # updates, target tokens per update
-
-
-def matrix_parameters(arch: str) -> tuple[int, int, int, int]:
-    """(encoder, decoder, output projection) weight-matrix parameter counts and d_model of a preset."""
-    from nmt_cli.model import PRESETS
-
-    p = PRESETS[arch]
-    d, f, n = p["d_model"], p["ffn"], p["layers"]
-    encoder = n * (4 * d * d + 2 * d * f)  # in_proj (3 d^2) + out_proj (d^2), two FFN matrices
-    decoder = n * (8 * d * d + 2 * d * f)  # self- and cross-attention, FFN
-    return encoder, decoder, d * VOCAB, d
-
-
-def flops_per_target_token(arch: str, length: int = MEAN_LEN) -> float:
-    """Training FLOPs per target token (formula in the module docstring)."""
-    from nmt_cli.model import PRESETS
-
-    encoder, decoder, output, d = matrix_parameters(arch)
-    layers = PRESETS[arch]["layers"]
-    return 6 * (encoder + decoder + output) + 6 * layers * d * (5 * length)
 
 
 def estimate() -> list[dict]:
@@ -67,24 +49,6 @@ def estimate() -> list[dict]:
                          "gflop_per_token": flops_per_target_token(arch) / 1e9, "total_eflop": total / 1e18,
                          "hours": seconds / 3600})
     return rows
-
-
-def _synthetic_batches(count: int, max_tokens: int, seed: int):
-    import numpy as np
-    import torch
-
-    from nmt_cli.data import Batch
-
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(count):
-        length = int(np.clip(rng.lognormal(np.log(MEAN_LEN) - 0.18, 0.6), 4, 250))
-        rows = max(1, max_tokens // (length + 1))
-        src = torch.from_numpy(rng.integers(4, VOCAB, (rows, length + 1)))
-        tgt = torch.from_numpy(rng.integers(4, VOCAB, (rows, length + 1)))
-        index = torch.arange(tgt.numel())
-        out.append(Batch(src, tgt, index, tgt.flatten().clone(), int(tgt.numel())))
-    return out
 
 
 def worker(archs: list[str], precisions: list[str], updates: int, warmup: int) -> None:
@@ -113,7 +77,7 @@ def worker(archs: list[str], precisions: list[str], updates: int, warmup: int) -
             optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
             scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")
             opts = TrainOptions(data=Path("."), save_dir=Path("."), arch=arch, precision=precision)
-            batches = [b.pin_memory() for b in _synthetic_batches(64, 4096, seed=ctx.rank)]
+            batches = [b.pin_memory() for b in synthetic_batches(64, 4096, seed=ctx.rank)]
             torch.cuda.reset_peak_memory_stats(device)
             tokens = 0
             for step in range(warmup + updates):

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from .errors import NmtError
+from .languages import is_unspaced
 from .model import Transformer
 from .textio import atomic_path
 
@@ -171,15 +172,10 @@ def write_json(maps: AttentionMaps, out: str | Path) -> Path:
 
 
 # ----------------------------------------------------------------------------------------------- alignments
-# Written without spaces between words: alignments count characters (spaces left out) instead of words.
-BY_CHARACTER = ("zh", "ja", "th", "my", "km", "lo")
-
-
 def by_character(lang: str) -> bool:
-    """Whether alignments on a `lang` side count characters rather than whitespace-separated words."""
-    from .score import base_language
-
-    return base_language(lang) in BY_CHARACTER
+    """Whether alignments on a `lang` side count characters (spaces left out) rather than whitespace-separated
+    words: for languages written without spaces."""
+    return is_unspaced(lang)
 
 
 def piece_words(pieces: Sequence[str], text: str, surface, characters: bool = False) -> list[int]:

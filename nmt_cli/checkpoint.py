@@ -252,3 +252,32 @@ class CheckpointWriter:
         if self.error is not None:
             error, self.error = self.error, None
             raise error
+
+
+def checkpoints_to_average(paths: list[Path], last: int = 0) -> tuple[list[Path], str | None]:
+    """The checkpoint files `nmt average` reads: `paths` as given, or with `last` the last N numbered
+    checkpoints of the one save dir given; and a warning when the save dir holds fewer than N."""
+    if last < 0:
+        raise NmtError(f"--last must be 0 or more (got {last})")
+    warning = None
+    if not last:
+        for path in paths:
+            if path.is_dir():
+                raise NmtError(f"{path}: is a directory; give checkpoint files, or --last N {path}")
+    else:
+        if len(paths) != 1:
+            raise NmtError(f"--last N takes exactly one save directory (got {len(paths)} paths)")
+        if not paths[0].exists():
+            raise NmtError(f"{paths[0]}: no such save directory")
+        if not paths[0].is_dir():
+            raise NmtError(f"{paths[0]}: a file, not a save directory; --last N reads the numbered checkpoints of a "
+                           "save dir (or give checkpoint files without --last)")
+        found = numbered_checkpoints(paths[0])
+        if not found:
+            raise NmtError(f"{paths[0]}: no numbered checkpoints (checkpoint_<updates>.pt)")
+        if len(found) < last:
+            warning = f"{paths[0]} has only {len(found)} numbered checkpoints; averaging those"
+        paths = found[-last:]
+    if not paths:
+        raise NmtError("give checkpoints to average, or --last N SAVE_DIR")
+    return paths, warning

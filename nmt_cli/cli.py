@@ -5,13 +5,9 @@ from __future__ import annotations
 import faulthandler
 import gc
 import json
-import math
 import os
-import queue
 import sys
-import threading
 from collections import Counter
-from contextlib import nullcontext
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -155,19 +151,6 @@ def learn_bpe_cmd(
         tmp.write_text(codes, encoding="utf-8")
 
 
-def _stdin_lines():
-    """Lines of stdin, strictly UTF-8: bad bytes are one error naming the line."""
-    for number, raw in enumerate(sys.stdin.buffer, start=1):
-        try:
-            yield raw.decode("utf-8").rstrip("\n").rstrip("\r")
-        except UnicodeDecodeError as e:
-            raise NmtError(f"<stdin>:{number}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
-
-
-def _open_output(path: Optional[Path]):
-    return open(path, "w", encoding="utf-8") if path else sys.stdout
-
-
 @command(app, "apply-bpe")
 @handle_errors
 def apply_bpe_cmd(
@@ -179,10 +162,10 @@ def apply_bpe_cmd(
 ) -> None:
     """Segment text with BPE codes (optionally Moses-tokenizing it first)."""
     from . import text
-    from .textio import atomic_path, iter_lines
+    from .textio import atomic_path, iter_lines, stdin_lines
 
     bpe = text.BpeApplier(text.read_codes(codes))
-    lines = iter_lines(input) if input else _stdin_lines()
+    lines = iter_lines(input) if input else stdin_lines()
 
     def convert(line: str) -> str:
         return bpe(text.tokenize(line, tokenize_lang) if tokenize_lang else line)
@@ -386,28 +369,11 @@ def attention_cmd(
         raise NmtError(f"{output}: unknown picture format {fmt!r} (use --format png, svg or pdf)")
     translator = Translator.from_checkpoint(model, device="cpu")
     net = translator.ensemble.models[0]
-    layers, heads = net.config.layers, net.config.heads
-    for flag, values, most in (("--layer", layer, layers), ("--head", head, heads)):
+    for flag, values, most in (("--layer", layer, net.config.layers), ("--head", head, net.config.heads)):
         for v in values or ():
             if not 1 <= v <= most:
                 raise NmtError(f"{flag} {v}: the model has {most} (1 to {most})")
-    if not sentence.strip():
-        raise NmtError("the sentence is empty: nothing to attend to")
-    source = translator.encode([sentence])[0]
-    if translator.truncated:
-        raise NmtError(f"the sentence has {translator.truncated[0][1]} tokens, more than the model's "
-                       f"{translator.max_positions - 2}: draw a shorter one (the pictures are readable up to ~40)")
-    if reference is None:
-        ids: list = []
-        translator.translate_nbest([sentence], ids_out=ids)
-        target = ids[0][1]
-    else:
-        target = translator.vocab.encode(translator.segmenter.segment(reference, translator.target_lang))
-        if not target:
-            raise NmtError("--reference is empty: nothing to force-decode")
-        if len(target) > translator.max_positions - 2:
-            raise NmtError(f"--reference has {len(target)} tokens, more than the model's "
-                           f"{translator.max_positions - 2}: give a shorter one")
+    source, target = translator.attention_pair(sentence, reference)
     vocab = translator.vocab
     maps = attention_maps(net, source, target, vocab.symbols, vocab.bos, vocab.eos)
     if output is not None:
@@ -470,74 +436,16 @@ def average_cmd(
     last: Annotated[int, typer.Option(help="Average the last N numbered checkpoints of the save dir given.")] = 0,
 ) -> None:
     """Average checkpoints' parameters (the paper averages the last 5 or 20) into a self-contained model."""
-    from .checkpoint import average_checkpoints, numbered_checkpoints, save_checkpoint
+    from .checkpoint import average_checkpoints, checkpoints_to_average, save_checkpoint
 
-    paths = list(checkpoints or [])
-    if last < 0:
-        raise NmtError(f"--last must be 0 or more (got {last})")
-    if not last:
-        for path in paths:
-            if path.is_dir():
-                raise NmtError(f"{path}: is a directory; give checkpoint files, or --last N {path}")
-    if last:
-        if len(paths) != 1:
-            raise NmtError(f"--last N takes exactly one save directory (got {len(paths)} paths)")
-        if not paths[0].exists():
-            raise NmtError(f"{paths[0]}: no such save directory")
-        if not paths[0].is_dir():
-            raise NmtError(f"{paths[0]}: a file, not a save directory; --last N reads the numbered checkpoints of a "
-                           "save dir (or give checkpoint files without --last)")
-        found = numbered_checkpoints(paths[0])
-        if not found:
-            raise NmtError(f"{paths[0]}: no numbered checkpoints (checkpoint_<updates>.pt)")
-        if len(found) < last:
-            err.print(f"warning: {paths[0]} has only {len(found)} numbered checkpoints; averaging those")
-        paths = found[-last:]
-    if not paths:
-        raise NmtError("give checkpoints to average, or --last N SAVE_DIR")
+    paths, warning = checkpoints_to_average(list(checkpoints or []), last)
+    if warning:
+        err.print(f"warning: {warning}", markup=False, highlight=False)
     save_checkpoint(average_checkpoints(paths), output)
     err.print(f"averaged {len(paths)} checkpoints into {output}")
 
 
 # ----------------------------------------------------------------------------- translate
-def _stdin_batches(max_lines: int):
-    """Lines from stdin in batches: wait for one line, then take whatever else has already arrived."""
-    q: queue.Queue = queue.Queue(maxsize=4 * max_lines)
-    done = object()
-
-    def reader() -> None:
-        try:
-            for item in enumerate(_stdin_lines(), start=1):
-                q.put(item)
-        except NmtError as e:
-            q.put(e)
-        finally:
-            q.put(done)
-
-    threading.Thread(target=reader, daemon=True).start()
-    finished = False
-    while not finished:
-        batch = []
-        item = q.get()
-        while True:
-            if item is done:
-                finished = True
-                break
-            if isinstance(item, NmtError):
-                if batch:
-                    yield batch
-                raise item
-            batch.append(item)
-            if len(batch) >= max_lines:
-                break
-            try:
-                item = q.get_nowait()
-            except queue.Empty:
-                break
-        if batch:
-            yield batch
-
-
 @command(app, "translate", aliases=TRANSLATE_ALIASES)
 @handle_errors
 @collect_after_loading
@@ -590,15 +498,11 @@ def translate_cmd(
     """Translate raw text; output is detokenized, one line per input line, in input order."""
     from .engines import load_translator
     from .pipeline import TextTranslator
-    from .textio import atomic_path, read_lines
+    from .streaming import check_alignment_request, translate_lines
 
     if parallel_batches < 0:
         raise NmtError(f"--parallel-batches must be 0 (automatic) or more (got {parallel_batches})")
-    aligning = alignments or alignments_out is not None
-    if aligning and nbest > 1:
-        raise NmtError("--alignments prints one translation per line: drop --nbest")
-    if alignments and alignments_out is not None:
-        raise NmtError("--alignments appends them to each line, --alignments-out writes them apart: choose one")
+    check_alignment_request(nbest, alignments, alignments_out)
     options = dict(max_len_a=max_len_a, max_len_b=max_len_b, batch_size=batch_size, max_tokens=max_tokens,
                    greedy=greedy, nbest=nbest)
     # before anything is loaded or printed (the model's own beam is checked against --nbest once it is loaded)
@@ -609,83 +513,8 @@ def translate_cmd(
     TextTranslator.check_options(**options)
     if not greedy and (note := translator.settings_note(beam, lenpen)) is not None:
         err.print(f"nmt translate: {note}", markup=False, highlight=False)
-    if aligning:
-        if not hasattr(translator, "align"):
-            raise NmtError("--alignments reads nmt's own attention: give the checkpoint (.pt), not an exported "
-                           "folder or --engine ctranslate2")
-        translator.alignment_layer(alignment_layer)  # a layer out of range: one line before any work
     start_up_done()
-    aligned: list[str] = []  # alignment lines (--alignments-out)
-
-    def translate(lines: list[str], **kwargs) -> list[list[tuple[str, float]]]:
-        if not aligning:
-            return translator.translate_nbest(lines, **kwargs, **options)
-        ids: list = []
-        results = translator.translate_nbest(lines, ids_out=ids, **kwargs, **options)
-        from .attention import format_alignments
-
-        pairs = translator.align(lines, [r[0][0] for r in results], ids, alignment_layer)
-        if alignments_out is not None:
-            aligned.extend(format_alignments(p) for p in pairs)
-            return results
-        return [[(f"{r[0][0]}\t{format_alignments(p)}", r[0][1])] for r, p in zip(results, pairs)]
-
-    def write_alignments() -> None:
-        if alignments_out is not None:
-            with atomic_path(alignments_out) as tmp:
-                tmp.write_text("".join(line + "\n" for line in aligned), encoding="utf-8")
-
-    def flush_warnings() -> None:
-        for w in translator.warnings:
-            err.print(f"warning: {input or '<stdin>'}:{w.removeprefix('line ')}", markup=False, highlight=False)
-        translator.warnings.clear()
-        translator.truncated.clear()
-
-    def format_results(results, first_line: int) -> list[str]:
-        if nbest == 1:
-            return [r[0][0] for r in results]
-        return [f"{first_line + k}\t{score:.4f}\t{hyp}" for k, r in enumerate(results) for hyp, score in r]
-
-    if input is not None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        lines = read_lines(input)
-        with Progress(TextColumn("translate"), BarColumn(), MofNCompleteColumn(),
-                      TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
-                      console=err, disable=quiet or output is None or not err.is_terminal) as progress:
-            task = progress.add_task("translate", total=len(lines), rate="")
-
-            def advance(n: int) -> None:
-                progress.advance(task, n)
-                t = progress.tasks[0]
-                if t.elapsed:
-                    progress.update(task, rate=f"{t.completed / t.elapsed:.1f} sent/s")
-
-            results = translate(lines, on_batch=advance)
-        flush_warnings()
-        out_lines = format_results(results, 1)
-        if output is None:
-            sys.stdout.write("".join(line + "\n" for line in out_lines))
-        else:
-            with atomic_path(output) as tmp:
-                tmp.write_text("".join(line + "\n" for line in out_lines), encoding="utf-8")
-        write_alignments()
-        return
-    # stdin: translate as lines arrive, flushing each batch.
-    with atomic_path(output) if output else nullcontext() as tmp:
-        sink = open(tmp, "w", encoding="utf-8") if tmp else sys.stdout
-        try:
-            # What has arrived, up to 4 batches per worker: sorted by length into batches and searched
-            # `workers` at a time, as a file is (piped text ~1.4x faster than batch by batch in arrival order).
-            for batch in _stdin_batches(batch_size * translator.workers * 4):
-                results = translate([t for _, t in batch], first_line=batch[0][0])
-                flush_warnings()
-                sink.write("".join(line + "\n" for line in format_results(results, batch[0][0])))
-                sink.flush()
-        finally:
-            if tmp:
-                sink.close()
-    write_alignments()
+    translate_lines(translator, options, input, output, err, alignments, alignments_out, alignment_layer, quiet)
 
 
 # ----------------------------------------------------------------------------- serve
@@ -728,26 +557,16 @@ def serve_cmd(
     """Serve translations over HTTP: POST /translate {"text": [...], "beam": 4}, GET /health, GET /metrics."""
     from .ct2 import CTranslate2Translator
     from .engines import load_translator
-    from .serve import AccessLog, ServeLimits, check_port, read_api_keys, serve, translator_thread
+    from .serve import check_port, serve
+    from .serve_batching import ServeLimits, translator_thread
+    from .serve_keys import read_api_keys
+    from .serve_metrics import AccessLog
 
-    for flag, value in (("--batch-size", batch_size), ("--max-queue", max_queue), ("--max-sentences", max_sentences),
-                        ("--max-chars", max_chars)):
-        if value < 1:
-            raise NmtError(f"{flag} must be at least 1 (got {value})")
     if not 0 <= port <= 65535:
         raise NmtError(f"--port must be between 0 and 65535 (got {port})")
-    if max_tokens is not None and max_tokens < 1:
-        raise NmtError(f"--max-tokens must be at least 1 (got {max_tokens})")
-    if batch_wait_ms < 0:
-        raise NmtError(f"--batch-wait-ms must be 0 or more (got {batch_wait_ms})")
-    if max_sentences > max_queue:
-        raise NmtError(f"--max-sentences {max_sentences} exceeds --max-queue {max_queue}: such a request never fits")
-    for flag, number in (("--max-body-bytes", max_body_bytes), ("--max-work", max_work)):
-        if number is not None and number < 1:
-            raise NmtError(f"{flag} must be at least 1 (got {number})")
-    for flag, number in (("--cache-mb", cache_mb), ("--shutdown-seconds", shutdown_seconds)):
-        if not math.isfinite(number) or number < 0:
-            raise NmtError(f"{flag} must be 0 or more (got {number})")
+    limits = ServeLimits(batch_size, max_tokens, batch_wait_ms, max_queue, max_sentences, max_chars, max_body_bytes,
+                         max_work, cache_mb, shutdown_seconds=shutdown_seconds)
+    limits.check()
     AccessLog(access_log)  # checks the style
     api_keys = read_api_keys(str(api_key_file) if api_key_file else None, os.environ.get("NMT_API_KEYS"))
     check_port(host, port)
@@ -758,8 +577,6 @@ def serve_cmd(
     translator = executor.submit(load_translator, model, device=device.value if device else None,
                                  precision=precision.value, threads=threads, engine=engine.value).result()
     start_up_done()
-    limits = ServeLimits(batch_size, max_tokens, batch_wait_ms, max_queue, max_sentences, max_chars, max_body_bytes,
-                         max_work, cache_mb, shutdown_seconds)
     runs_on = "ctranslate2" if isinstance(translator, CTranslate2Translator) else "nmt"
     if runs_on == "nmt":
         from .ops import bound_onednn_row_counts, keep_float32_off_onednn
@@ -793,17 +610,9 @@ def score_cmd(
 ) -> None:
     """Score detokenized hypotheses against references with sacreBLEU (scores and signatures)."""
     from .score import mecab_fallback, score, target_language_of
-    from .textio import read_lines
+    from .textio import read_lines, read_stdin
 
-    if hyp is not None:
-        hyps = read_lines(hyp)
-    else:
-        try:
-            hyps = [line.rstrip("\n") for line in sys.stdin.buffer.read().decode("utf-8").split("\n")]
-        except UnicodeDecodeError as e:
-            raise NmtError(f"<stdin>: not valid UTF-8 ({e.reason})") from None
-        if hyps and hyps[-1] == "":
-            hyps.pop()
+    hyps = read_lines(hyp) if hyp is not None else read_stdin()
     if not hyps:
         raise NmtError(f"{hyp or '<stdin>'}: no hypotheses (empty file): nothing to score")
     refs = [read_lines(r) for r in ref]

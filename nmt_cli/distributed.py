@@ -57,13 +57,12 @@ def init_distributed(device: torch.device) -> DistContext:
     return ctx
 
 
-def all_reduce(values: list[float] | torch.Tensor, ctx: DistContext, device: torch.device,
-               op: str = "sum") -> list[float]:
-    """Sum (or with op="max", the element-wise maximum of) a few numbers — a list, or a float64 tensor on
-    `device` — over all processes; read them on the host."""
+def all_reduce(values: list[float] | torch.Tensor, ctx: DistContext, device: torch.device) -> list[float]:
+    """Sum a few numbers — a list, or a float64 tensor on `device` — over all processes; read them on the
+    host."""
     t = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.float64, device=device)
     if ctx.enabled:
-        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+        dist.all_reduce(t)
     return t.tolist()
 
 

@@ -224,7 +224,38 @@ def export_transformers(checkpoint: str | Path, out: str | Path, force: bool = F
     check_replaceable(out, force, "an nmt export for transformers", lambda f: export_kind(f) == "transformers")
     state = require_keys(load_checkpoint(checkpoint), checkpoint)
     if (state.get("tokenizer") or {}).get("name", "moses") == "moses":
-        return _export_fsmt(state, checkpoint, out)
+        model, files, tokenizer_config = _fsmt(state, checkpoint)
+        kind = "fsmt"
+    else:
+        model, files, tokenizer_config = _marian(state, checkpoint)
+        kind = "marian"
+    model.generation_config.num_beams = stored_decoding(state, checkpoint).get("beam", 4)
+    tokenizer_config["model_max_length"] = state["config"]["max_positions"] - 1
+    with staging_directory(out) as staging:
+        folder = staging / "model"
+        model.save_pretrained(folder)
+        for name, content in files.items():
+            (folder / name).write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
+        (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n",
+                                                      encoding="utf-8")
+        (folder / "README.md").write_text(model_card(state, checkpoint, kind), encoding="utf-8")
+        mark_export(folder, "transformers")
+        publish_directory(folder, out)
+    return out
+
+
+def _loaded(model, weights: dict, name: str, ignore: str | None = None):
+    """`model` with `weights` loaded; one line when this Transformers release names its weights otherwise."""
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    missing = [k for k in missing if ignore is None or ignore not in k]
+    if missing or unexpected:
+        raise NmtError(f"this Transformers' {name} model does not match the export (missing {missing[:3]}, "
+                       f"unexpected {unexpected[:3]})")
+    return model
+
+
+def _marian(state: dict, checkpoint: str | Path) -> tuple:
+    """A SentencePiece model as Marian: the model, its extra files, its tokenizer config."""
     from transformers import MarianConfig, MarianMTModel
 
     if not state.get("sentencepiece"):
@@ -233,62 +264,28 @@ def export_transformers(checkpoint: str | Path, out: str | Path, force: bool = F
         config_args, weights = marian_state_dict(state)
     except NmtError as e:
         raise NmtError(f"{checkpoint}: {e}") from None
-    model = MarianMTModel(MarianConfig(**config_args))
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    missing = [k for k in missing if "embed_positions" not in k]
-    if missing or unexpected:  # a Transformers release whose Marian names its weights otherwise
-        raise NmtError(f"this Transformers' Marian model does not match the export (missing {missing[:3]}, "
-                       f"unexpected {unexpected[:3]})")
-    model.generation_config.num_beams = stored_decoding(state, checkpoint).get("beam", 4)
+    model = _loaded(MarianMTModel(MarianConfig(**config_args)), weights, "Marian", ignore="embed_positions")
     model.generation_config.max_length = min(512, state["config"]["max_positions"])
-    with staging_directory(out) as staging:
-        folder = staging / "model"
-        model.save_pretrained(folder)
-        spm = with_plain_spaces(state["sentencepiece"])  # MarianTokenizer gives it raw text: spaces as nmt's
-        for name in ("source.spm", "target.spm"):
-            (folder / name).write_bytes(spm)
-        (folder / "vocab.json").write_text(json.dumps({s: i for i, s in enumerate(state["vocab"])},
-                                                      ensure_ascii=False), encoding="utf-8")
-        tokenizer_config = {"tokenizer_class": "MarianTokenizer", "source_lang": state["source_lang"],
-                            "target_lang": state["target_lang"], "separate_vocabs": False, "unk_token": "<unk>",
-                            "eos_token": "</s>", "pad_token": "<pad>",
-                            "model_max_length": state["config"]["max_positions"] - 1}
-        (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n",
-                                                      encoding="utf-8")
-        (folder / "README.md").write_text(model_card(state, checkpoint, "marian"), encoding="utf-8")
-        mark_export(folder, "transformers")
-        publish_directory(folder, out)
-    return out
+    spm = with_plain_spaces(state["sentencepiece"])  # MarianTokenizer gives it raw text: spaces as nmt's
+    files = {"source.spm": spm, "target.spm": spm,
+             "vocab.json": json.dumps({s: i for i, s in enumerate(state["vocab"])}, ensure_ascii=False)}
+    return model, files, {"tokenizer_class": "MarianTokenizer", "source_lang": state["source_lang"],
+                          "target_lang": state["target_lang"], "separate_vocabs": False, "unk_token": "<unk>",
+                          "eos_token": "</s>", "pad_token": "<pad>"}
 
 
-def _export_fsmt(state: dict, checkpoint: str | Path, out: Path) -> Path:
+def _fsmt(state: dict, checkpoint: str | Path) -> tuple:
+    """A Moses + BPE model as FSMT: the model, its extra files, its tokenizer config."""
     from transformers import FSMTConfig, FSMTForConditionalGeneration
 
     try:
         config_args, weights = fsmt_state_dict(state)
     except NmtError as e:
         raise NmtError(f"{checkpoint}: {e}") from None
-    model = FSMTForConditionalGeneration(FSMTConfig(**config_args))
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    if missing or unexpected:
-        raise NmtError(f"this Transformers' FSMT model does not match the export (missing {missing[:3]}, "
-                       f"unexpected {unexpected[:3]})")
-    model.generation_config.num_beams = stored_decoding(state, checkpoint).get("beam", 4)
-    symbols = fsmt_symbols(state["vocab"])
-    vocab = json.dumps({s: i for i, s in enumerate(symbols)}, ensure_ascii=False)
+    model = _loaded(FSMTForConditionalGeneration(FSMTConfig(**config_args)), weights, "FSMT")
+    vocab = json.dumps({s: i for i, s in enumerate(fsmt_symbols(state["vocab"]))}, ensure_ascii=False)
     merges = [line for line in state["bpe_codes"].splitlines() if line.strip() and not line.startswith("#version")]
-    with staging_directory(out) as staging:
-        folder = staging / "model"
-        model.save_pretrained(folder)
-        (folder / "vocab-src.json").write_text(vocab, encoding="utf-8")
-        (folder / "vocab-tgt.json").write_text(vocab, encoding="utf-8")
-        (folder / "merges.txt").write_text("".join(line + "\n" for line in merges), encoding="utf-8")
-        tokenizer_config = {"tokenizer_class": "FSMTTokenizer", "langs": [state["source_lang"], state["target_lang"]],
-                            "model_max_length": state["config"]["max_positions"] - 1, "do_lower_case": False,
-                            "unk_token": "<unk>", "pad_token": "<pad>", "bos_token": "<s>", "sep_token": "</s>"}
-        (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n",
-                                                      encoding="utf-8")
-        (folder / "README.md").write_text(model_card(state, checkpoint, "fsmt"), encoding="utf-8")
-        mark_export(folder, "transformers")
-        publish_directory(folder, out)
-    return out
+    files = {"vocab-src.json": vocab, "vocab-tgt.json": vocab, "merges.txt": "".join(m + "\n" for m in merges)}
+    return model, files, {"tokenizer_class": "FSMTTokenizer", "langs": [state["source_lang"], state["target_lang"]],
+                          "do_lower_case": False, "unk_token": "<unk>", "pad_token": "<pad>", "bos_token": "<s>",
+                          "sep_token": "</s>"}

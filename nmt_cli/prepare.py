@@ -31,13 +31,13 @@ from . import text
 from .bpe import learn_bpe_codes
 from .data import BinarizedWriter, token_dtype
 from .errors import NmtError
+from .languages import is_chinese, is_cjk
 from .segment import (
     CHARACTER_COVERAGE,
     SPM_TYPES,
     TOKENIZERS,
     SentencePiece,
     has_han,
-    is_cjk,
     plain_spaces,
     train_sentencepiece,
 )
@@ -50,7 +50,6 @@ MAX_POSITIONS = 1024  # the model's positions (ModelConfig.max_positions): a sen
 MAX_RATIO = 1.5  # Moses clean-corpus-n's length ratio, for pairs written in the same kind of script
 # A filter that drops more than this share of the training pairs says so on stderr, not only in its summary.
 LOUD_DROP_SHARE = 0.05
-CHINESE = ("zh", "cmn", "yue", "wuu")
 
 
 @dataclass
@@ -163,13 +162,9 @@ def _tokenize_job(job: tuple[list[str], list[str], bool]) -> tuple[list[str], li
     src_tok = [_preprocess(line, _worker["src_lang"]) for line in src]
     tgt_tok = [_preprocess(line, _worker["tgt_lang"]) for line in tgt]
     counts = Counter(w for lines in (src_tok, tgt_tok) for line in lines for w in line.split()) if count else None
-    han = [sum(map(has_han, lines)) if _is_chinese(lang) else 0
+    han = [sum(map(has_han, lines)) if is_chinese(lang) else 0
            for lines, lang in ((src, _worker["src_lang"]), (tgt, _worker["tgt_lang"]))]
     return src_tok, tgt_tok, counts, han
-
-
-def _is_chinese(lang: str) -> bool:
-    return lang.lower().replace("_", "-").split("-")[0] in CHINESE
 
 
 def _segment_job(job: tuple[list[str], list[str], bool]) -> tuple[list[str], list[str], dict | None, Counter | None]:
@@ -457,7 +452,7 @@ def _tokenize(inputs: dict[str, tuple[Path, Path]], work: Path, staging: Path, o
             if not nonempty[side]:
                 raise NmtError(f"empty corpus: {path} has no text")
             lang = (src_lang, tgt_lang)[side]
-            if is_train and _is_chinese(lang) and han[side] < pairs_read / 2:
+            if is_train and is_chinese(lang) and han[side] < pairs_read / 2:
                 warn(f"{path}: only {han[side]:,} of {pairs_read:,} lines hold Chinese characters, for language "
                      f"{lang!r} (are -s/-t the right way round?)")
     stages.end(done)

@@ -10,17 +10,11 @@ from sacrebleu.metrics import BLEU, CHRF, TER
 
 from . import text
 from .errors import NmtError
+from .languages import base_language, is_asian
 
 METRICS = {"bleu": BLEU, "chrf": CHRF, "ter": TER}
-UNSPACED_LANGUAGES = ("zh", "ja", "ko", "th", "my", "km", "lo")  # written without spaces between words
 # sacreBLEU's BLEU tokenizers (spm and flores ones download a model, so they are left out).
 TOKENIZERS = ("13a", "intl", "zh", "char", "ja-mecab", "ko-mecab", "none")
-
-
-def base_language(lang: str) -> str:
-    """`zh` of zh, zh-TW, zh_Hant or cmn; the language part of a code otherwise."""
-    base = lang.lower().replace("_", "-").split("-")[0]
-    return "zh" if base in ("cmn", "yue", "wuu") else base
 
 
 def default_tokenize(lang: str | None) -> str:
@@ -61,7 +55,7 @@ def score(hyps: Sequence[str], refs: Sequence[Sequence[str]], metrics: Sequence[
     if tokenize is not None and tokenize not in TOKENIZERS:
         raise NmtError(f"unknown --tokenize {tokenize!r} (choose from {', '.join(TOKENIZERS)})")
     tokenize = tokenize or default_tokenize(lang)
-    unspaced = base_language(lang or "") in UNSPACED_LANGUAGES
+    unspaced = is_asian(lang or "")
     results = []
     for name in metrics:
         if name not in METRICS:
@@ -74,7 +68,7 @@ def score(hyps: Sequence[str], refs: Sequence[Sequence[str]], metrics: Sequence[
         result = metric.corpus_score(list(hyps), [list(r) for r in refs])
         results.append({"metric": name, "score": round(result.score, 4), "signature": str(metric.get_signature()),
                         "text": str(result)})
-    if tokenized_bleu_lang and base_language(tokenized_bleu_lang) in UNSPACED_LANGUAGES:
+    if tokenized_bleu_lang and is_asian(tokenized_bleu_lang):
         raise NmtError(f"--tokenized-bleu {tokenized_bleu_lang}: Moses tokenization does not split Chinese, Japanese, "
                        "Korean or Thai text into words, so its BLEU would score whole clauses; use sacreBLEU's BLEU "
                        "(--metrics bleu)")

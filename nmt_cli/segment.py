@@ -210,9 +210,4 @@ def has_han(line: str) -> bool:
     return any("\u4e00" <= ch <= "\u9fff" or "\u3400" <= ch <= "\u4dbf" for ch in line)
 
 
-CJK_LANGUAGES = ("zh", "cmn", "yue", "wuu", "ja", "ko")
 
-
-def is_cjk(lang: str) -> bool:
-    """Whether `lang` (an ISO code, maybe with a region: zh-TW) is written in CJK scripts."""
-    return lang.lower().replace("_", "-").split("-")[0] in CJK_LANGUAGES

@@ -53,6 +53,26 @@ def read_lines(path: str | Path) -> list[str]:
     return list(iter_lines(path))
 
 
+def stdin_lines() -> Iterator[str]:
+    """Lines of stdin, strictly UTF-8: bad bytes are one error naming the line."""
+    for number, raw in enumerate(sys.stdin.buffer, start=1):
+        try:
+            yield raw.decode("utf-8").rstrip("\n").rstrip("\r")
+        except UnicodeDecodeError as e:
+            raise NmtError(f"<stdin>:{number}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+
+
+def read_stdin() -> list[str]:
+    """All of stdin as lines (strictly UTF-8; a final newline adds no empty line)."""
+    try:
+        lines = [line.rstrip("\n") for line in sys.stdin.buffer.read().decode("utf-8").split("\n")]
+    except UnicodeDecodeError as e:
+        raise NmtError(f"<stdin>: not valid UTF-8 ({e.reason})") from None
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
 def read_small_file(path: str | Path) -> str | None:
     """A small text file's contents without surrounding whitespace (a marker, a lock holder), or None when it
     cannot be read."""

@@ -122,6 +122,27 @@ class Translator(TextTranslator):
             # PyTorch also keeps the count set last for threads it has not seen yet: set this thread's again.
             torch.set_num_threads(threads)
 
+    def attention_pair(self, sentence: str, reference: str | None = None) -> tuple[list[int], list[int]]:
+        """Source and target ids for drawing attention (`nmt attention`): the target is `reference` segmented
+        as the model's target side, or the model's own translation; one line for what cannot be drawn."""
+        if not sentence.strip():
+            raise NmtError("the sentence is empty: nothing to attend to")
+        source = self.encode([sentence])[0]
+        most = self.max_positions - 2
+        if self.truncated:
+            raise NmtError(f"the sentence has {self.truncated[0][1]} tokens, more than the model's {most}: draw a "
+                           "shorter one (the pictures are readable up to ~40)")
+        if reference is None:
+            ids: list = []
+            self.translate_nbest([sentence], ids_out=ids)
+            return source, ids[0][1]
+        target = self.vocab.encode(self.segmenter.segment(reference, self.target_lang))
+        if not target:
+            raise NmtError("--reference is empty: nothing to force-decode")
+        if len(target) > most:
+            raise NmtError(f"--reference has {len(target)} tokens, more than the model's {most}: give a shorter one")
+        return source, target
+
     def _autocast(self):
         params = next(self.ensemble.models[0].parameters())
         if self.precision == "fp32" or params.dtype != torch.float32:

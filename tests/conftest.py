@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,8 +20,7 @@ from typer.testing import CliRunner
 from nmt_cli.cli import app
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-from synthetic import write_word_mapping_task as write_task  # noqa: E402  (the toy task; also `make gpu-check`'s)
+from nmt_cli.toy_task import write_word_mapping_task as write_task  # noqa: E402  (also `make gpu-check`'s)
 
 SHARED_DATA = REPO.parent / "shared" / "data"
 

@@ -148,7 +148,7 @@ def test_attention_pictures_and_raw_weights(toy_model, sentences, tmp_path):
 
 
 def test_serve_gives_the_alignments_translate_gives(toy_model, translator, sentences, tmp_path):
-    from nmt_cli.serve import ServeLimits
+    from nmt_cli.serve_batching import ServeLimits
 
     from .conftest import require_extra
 

@@ -1,9 +1,10 @@
-"""The package's modules form layers: no module imports, at its top or inside a function, a module that
-imports it back (directly or through others). docs/design.md gives the layer order."""
+"""The package's modules form layers: each module imports, at its top or inside a function, only modules of
+lower layers, in the order docs/design.md lists them; and nothing imports in a circle."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "nmt_cli"
@@ -44,6 +45,38 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+DESIGN = Path(__file__).resolve().parents[1] / "docs" / "design.md"
+
+
+def documented_layers() -> dict[str, int]:
+    """module -> its layer number in docs/design.md's numbered list ("3. `precision`, `commandline` ...")."""
+    text = DESIGN.read_text(encoding="utf-8")
+    section = text[text.index("Layers, lowest first"):]
+    section = section[: section.index("\n## ")]
+    layers: dict[str, int] = {}
+    for number, body in re.findall(r"^(\d+)\. (.+(?:\n   .+)*)", section, flags=re.M):
+        for name in re.findall(r"`(\w+)`", body):
+            assert name not in layers, f"{name} is listed twice in docs/design.md's layers"
+            layers[name] = int(number)
+    return layers
+
+
+def test_every_import_goes_to_a_lower_documented_layer():
+    graph, layers = import_graph(), documented_layers()
+    assert set(graph) == set(layers), ("modules missing from docs/design.md's layers", set(graph) ^ set(layers))
+    wrong = [f"{m} (layer {layers[m]}) imports {d} (layer {layers[d]})" for m in graph for d in graph[m]
+             if layers[d] >= layers[m]]
+    assert not wrong, wrong
+
+
+def test_the_layer_check_finds_an_upward_import():
+    """The check above reads the real list: an import of a module from its own layer is reported."""
+    layers = documented_layers()
+    assert layers["errors"] == 1 and layers["cli"] > layers["train"] > layers["update"] > layers["model"]
+    graph = {**import_graph(), "errors": {"ops"}}
+    assert any(layers[d] >= layers[m] for m in graph for d in graph[m])
+
+
 def test_no_import_circles():
     assert not cycles(import_graph()), cycles(import_graph())
 
@@ -69,3 +102,20 @@ def test_the_stated_torch_minimum_is_the_checked_one_and_older_torch_gets_one_li
     assert hasattr(torch.nn.utils, "get_total_norm")
     monkeypatch.setattr("nmt_cli.hardware.installed_torch_version", lambda: "2.5.1+cpu")
     expect_error(run_cli("average", "x.pt", "-o", "y.pt"), "nmt needs torch 2.6 or newer, found 2.5.1+cpu")
+
+
+def test_tests_import_nothing_from_benchmarks():
+    """Benchmarks hold measurements only: no test imports a benchmarks/ script or puts the folder on sys.path
+    (the toy task and `make gpu-check` live in the package)."""
+    tests = Path(__file__).resolve().parent
+    scripts = {p.stem for p in (tests.parent / "benchmarks").glob("*.py")}
+    found = []
+    for path in tests.glob("*.py"):
+        source = path.read_text(encoding="utf-8")
+        if re.search(r"sys\.path\.\w+\(.*benchmarks", source):
+            found.append(f"{path.name}: puts benchmarks/ on sys.path")
+        for node in ast.walk(ast.parse(source)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+            found += [f"{path.name}: imports {n}" for n in names if n.split(".")[0] in scripts]
+    assert not found, found

@@ -123,7 +123,7 @@ def test_a_sentencepiece_model_translates_raw_text_alike_everywhere(spm_model, s
     assert load_checkpoint(averaged)["sentencepiece"] == (spm_data / "spm.model").read_bytes()
 
     require_extra("uvicorn")
-    from nmt_cli.serve import ServeLimits
+    from nmt_cli.serve_batching import ServeLimits
 
     from .test_serve import Server
 
@@ -363,53 +363,12 @@ def test_marian_layout_and_what_it_cannot_hold():
             marian_state_dict(state)
 
 
-def test_separate_vocabulary_measurement_segments_each_side_with_its_own_model(tatoeba, tmp_path):
-    """benchmarks/separate_vocab.py (issue 25's measurement): each side is segmented by a SentencePiece model
-    learned on that side alone, the dictionary holds both sides' pieces, the binarized ids are those pieces, and
-    each side's raw text comes back from them (pieces never seen in training aside: <unk>, as the run recorded)."""
-    import separate_vocab
-
-    segmenter = separate_vocab.build_data(tatoeba, "zh", "en", (2500, 1000), tmp_path)
-    models = segmenter.models
-    assert set(models["zh"].symbols()) != set(models["en"].symbols())
-    data = DataDir.open(tmp_path / "data")
-    symbols = set(data.vocab.symbols)
-    valid = data.split("valid")
-    for lang, ids in (("zh", valid.src), ("en", valid.tgt)):
-        raw = (tatoeba / f"valid.{lang}").read_text(encoding="utf-8").splitlines()
-        own = set(models[lang].symbols())
-        for i in range(20):
-            pieces = segmenter.segment(raw[i], lang)
-            assert pieces.split() == models[lang].processor.encode(" ".join(raw[i].split()), out_type=str)
-            assert set(pieces.split()) <= own
-            # the dictionary holds the pieces of the training text: a byte piece never seen there is <unk>
-            known = [p if p in symbols else "<unk>" for p in pieces.split()]
-            assert data.vocab.decode(ids[i].tolist()).split() == known
-            assert segmenter.desegment(pieces, lang) == " ".join(raw[i].split())
-    train_pieces = {lang: set((tmp_path / "pieces" / f"train.{lang}").read_text(encoding="utf-8").split())
-                    for lang in ("zh", "en")}
-    assert train_pieces["zh"] | train_pieces["en"] <= symbols  # one dictionary over both sides
-    assert len(train_pieces["zh"] - train_pieces["en"]) > 1000 and len(train_pieces["en"] - train_pieces["zh"]) > 500
-
-
-def test_separate_vocabulary_measurement_refuses_bad_input_in_one_line(tatoeba, tmp_path):
-    """A --raw folder without the split, or --vocab-sizes that is not two positive numbers: one line, exit code 1."""
-    script = REPO / "benchmarks" / "separate_vocab.py"
-    for flags, message in ((["--raw", str(tmp_path)], f"{tmp_path}/train.zh: no such file"),
-                           (["--raw", str(tatoeba), "--vocab-sizes", "4000"], "--vocab-sizes must be SOURCE,TARGET"),
-                           (["--raw", str(tatoeba), "--vocab-sizes", "0,4000"], "--vocab-sizes must be SOURCE,TARGET")):
-        done = subprocess.run([sys.executable, str(script), *flags, "--work", str(tmp_path / "work")],
-                              capture_output=True, text=True)
-        assert done.returncode != 0 and "Traceback" not in done.stderr
-        assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("separate_vocab: ")
-        assert message in done.stderr
-
-
 def test_serve_counts_byte_fallback_pieces_before_the_work(spm_model):
     """SentencePiece spells a character outside its vocabulary in one piece per UTF-8 byte, so a line of emoji
     has ~4x more pieces than characters: the server's decoder-work bound covers them, and a request over the
     budget gets its 413 before the translator sees it."""
-    from nmt_cli.serve import ServeLimits, token_bound
+    from nmt_cli.serve_batching import ServeLimits
+    from nmt_cli.serve_requests import token_bound
     from nmt_cli.translate import Translator
 
     from .test_serve import Server, SlowTranslator

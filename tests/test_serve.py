@@ -13,7 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from nmt_cli.serve import ServeLimits, create_app, translator_thread
+from nmt_cli.serve import create_app
+from nmt_cli.serve_batching import ServeLimits, translator_thread
 from nmt_cli.translate import Translator
 
 from .conftest import expect_error, require_extra, run_cli, threshold
@@ -344,7 +345,7 @@ def test_api_keys_and_metrics(translator, sentences):
 
 
 def test_api_key_file_and_its_errors(toy_model, tmp_path):
-    from nmt_cli.serve import authorized, read_api_keys
+    from nmt_cli.serve_keys import authorized, read_api_keys
 
     keys = tmp_path / "keys"
     keys.write_text("# team keys\nalpha\n\n beta \n")
@@ -406,7 +407,7 @@ def _listening(port: int) -> bool:
 
 def test_freed_heap_is_handed_back_between_batches(translator, sentences, monkeypatch):
     """After a batch, with the queue empty, the server trims glibc's heap (at most once a second)."""
-    import nmt_cli.serve as serve_module
+    import nmt_cli.serve_batching as serve_module
     from nmt_cli.hardware import release_free_heap
 
     assert release_free_heap() in (True, False)  # callable here (glibc) or a no-op elsewhere

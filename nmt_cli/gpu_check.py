@@ -1,6 +1,6 @@
 """`make gpu-check`: does nmt train correctly on this GPU, and how fast? One table, PASS/FAIL per line.
 
-    python benchmarks/gpu_check.py [--device cuda|cpu] [--json FILE]
+    python -m nmt_cli.gpu_check [--device cuda|cpu] [--json FILE]
 
 Nothing to download: it writes its own synthetic task (source word w<i> -> target word v<i>, order kept) and
 prepares it with `nmt prepare`. Then, through the real training code:
@@ -31,21 +31,67 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from synthetic import write_word_mapping_task  # noqa: E402  (benchmarks/, the script's folder)
+from .toy_task import write_word_mapping_task
 
 LEARN_PPL = 1.5
 RESUME_ATOL = 1e-4
 TWO_RANK_RTOL = 1e-3
+VOCAB = 37_000
+MEAN_LEN = 27  # BPE tokens per WMT14 en-de sentence (~25 words) plus </s>
+# Dense bf16/fp16 tensor-core peaks (TFLOP/s), from the vendors' data sheets (SXM parts).
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "V100": 125.0,
+               "P100": 21.2}
 SIZES = {  # device -> learning model and updates, throughput models, timed updates
     "cuda": {"learn": ("small", 500), "speed": ("base", "big"), "updates": (5, 20)},
     "cpu": {"learn": ("tiny", 500), "speed": ("tiny",), "updates": (2, 5)},  # the code path, not a CPU figure
 }
 
 
+def matrix_parameters(arch: str) -> tuple[int, int, int, int]:
+    """(encoder, decoder, output projection) weight-matrix parameter counts and d_model of a preset."""
+    from .model import PRESETS
+
+    p = PRESETS[arch]
+    d, f, n = p["d_model"], p["ffn"], p["layers"]
+    encoder = n * (4 * d * d + 2 * d * f)  # in_proj (3 d^2) + out_proj (d^2), two FFN matrices
+    decoder = n * (8 * d * d + 2 * d * f)  # self- and cross-attention, FFN
+    return encoder, decoder, d * VOCAB, d
+
+
+def flops_per_target_token(arch: str, length: int = MEAN_LEN) -> float:
+    """Training FLOPs per target token (training = 3 x forward; source and target of equal length L, dense
+    attention counted as computed, with the decoder's causal half):
+        6 * (P_enc + P_dec + d * V) + 6 * layers * d * (2 * L + 2 * L + L)
+    P_enc / P_dec: the weight-matrix parameters; d * V the output projection; the second term QK^T and AV of
+    encoder self-attention (2L), cross-attention (2L) and causal decoder self-attention (L)."""
+    from .model import PRESETS
+
+    encoder, decoder, output, d = matrix_parameters(arch)
+    layers = PRESETS[arch]["layers"]
+    return 6 * (encoder + decoder + output) + 6 * layers * d * (5 * length)
+
+
+def synthetic_batches(count: int, max_tokens: int, seed: int) -> list:
+    """`count` batches of random ids at WMT-like lengths (log-normal around MEAN_LEN), `max_tokens` each."""
+    import numpy as np
+    import torch
+
+    from .data import Batch
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        length = int(np.clip(rng.lognormal(np.log(MEAN_LEN) - 0.18, 0.6), 4, 250))
+        rows = max(1, max_tokens // (length + 1))
+        src = torch.from_numpy(rng.integers(4, VOCAB, (rows, length + 1)))
+        tgt = torch.from_numpy(rng.integers(4, VOCAB, (rows, length + 1)))
+        index = torch.arange(tgt.numel())
+        out.append(Batch(src, tgt, index, tgt.flatten().clone(), int(tgt.numel())))
+    return out
+
+
 def prepare_task(root: Path) -> Path:
-    from nmt_cli.prepare import PrepareOptions, prepare
+    from .prepare import PrepareOptions, prepare
 
     write_word_mapping_task(root / "raw" / "train", 1200, seed=1)
     write_word_mapping_task(root / "raw" / "valid", 60, seed=2)
@@ -55,7 +101,7 @@ def prepare_task(root: Path) -> Path:
 
 
 def options(data: Path, save: Path, device: str, **kw):
-    from nmt_cli.train import TrainOptions
+    from .train import TrainOptions
 
     base = dict(data=data, save_dir=save, arch="tiny", dropout=0.1, max_tokens=1024, warmup=100, lr_scale=1.0,
                 device=device, quiet=True, seed=3, valid_interval=100_000)
@@ -68,7 +114,7 @@ def log(save: Path, event: str) -> list[dict]:
 
 def check_learns(data: Path, work: Path, device: str, precision: str) -> dict:
     """(a): validation perplexity of a model trained on the task."""
-    from nmt_cli.train import train
+    from .train import train
 
     if precision == "fp16" and device != "cuda":
         return {"check": "learns the task, fp16", "status": "SKIP", "figure": "fp16 needs CUDA"}
@@ -84,18 +130,20 @@ def check_learns(data: Path, work: Path, device: str, precision: str) -> dict:
 
 
 def fast_precision(device: str) -> str:
-    """bf16 on a GPU and on a CPU that multiplies it in hardware; fp32 on other CPUs."""
-    from nmt_cli.hardware import cpu_has_bf16
+    """What `--precision auto` trains in on this device (bf16 where it runs fast, else fp32)."""
+    import torch
 
-    return "bf16" if device == "cuda" or cpu_has_bf16() else "fp32"
+    from .precision import auto_precision
+
+    return auto_precision(torch.device(device))
 
 
 def check_resume(data: Path, work: Path, device: str) -> dict:
     """(b): stopped at N/2 and resumed to N equals N straight."""
     import torch
 
-    from nmt_cli.checkpoint import load_checkpoint
-    from nmt_cli.train import train
+    from .checkpoint import load_checkpoint
+    from .train import train
 
     n, precision = 12, fast_precision(device)
     train(options(data, work / "straight", device, max_updates=n, precision=precision))
@@ -115,7 +163,7 @@ def check_two_ranks(data: Path, work: Path, device: str) -> dict:
     """(c): 2 processes under torchrun == 1 process with --update-freq 2, update by update."""
     import torch
 
-    from nmt_cli.train import train
+    from .train import train
 
     n = 6
     rank_device = "cuda" if device == "cuda" and torch.cuda.device_count() >= 2 else "cpu"
@@ -141,11 +189,10 @@ def check_two_ranks(data: Path, work: Path, device: str) -> dict:
 def check_speed(device_name: str, arch: str, max_tokens: int) -> dict:
     """(d): target tokens/s of the real update on synthetic batches, bf16 (`fast_precision`)."""
     import torch
-    from gpu import PEAK_TFLOPS, VOCAB, _synthetic_batches, flops_per_target_token
 
-    from nmt_cli import distributed as D
-    from nmt_cli.model import Transformer, make_config
-    from nmt_cli.train import TrainOptions, TranslationLoss, train_step
+    from . import distributed as D
+    from .model import Transformer, make_config
+    from .train import TrainOptions, TranslationLoss, train_step
 
     device = torch.device(device_name)
     warm, timed = SIZES[device.type]["updates"]
@@ -155,7 +202,7 @@ def check_speed(device_name: str, arch: str, max_tokens: int) -> dict:
     scaler = torch.amp.GradScaler(device.type, enabled=False)
     precision = fast_precision(device.type)
     opts = TrainOptions(data=Path("."), save_dir=Path("."), arch=arch, precision=precision)
-    batches = _synthetic_batches(8, max_tokens, seed=1)
+    batches = synthetic_batches(8, max_tokens, seed=1)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     loss_module = TranslationLoss(model, 0.1)
@@ -190,13 +237,16 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args()
     import torch
-    from common import machine, print_table
+    from rich.console import Console
+    from rich.table import Table
+
+    from .hardware import describe_machine
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu-check: no CUDA device here; `make gpu-check DEVICE=cpu` runs the same checks on the CPU",
               file=sys.stderr)
         return 2
-    where = torch.cuda.get_device_name(0) if args.device == "cuda" else machine()
+    where = torch.cuda.get_device_name(0) if args.device == "cuda" else describe_machine()
     rows = []
     began = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
@@ -214,8 +264,12 @@ def main() -> int:
                 rows.append({"check": f"speed: {arch}, {fast_precision(args.device)}, {max_tokens} tokens per "
                              "micro-batch", "status": "FAIL",
                              "figure": "out of memory"})
-    print_table(f"gpu-check on {where}: {time.monotonic() - began:.0f} s", ["check", "result", "figures"],
-                [[r["check"], r["status"], r["figure"]] for r in rows])
+    table = Table(title=f"gpu-check on {where}: {time.monotonic() - began:.0f} s")
+    for column in ("check", "result", "figures"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(r["check"], r["status"], r["figure"])
+    Console(width=max(Console().width, 140)).print(table)
     if args.json:
         args.json.write_text(json.dumps({"device": where, "rows": rows}, indent=2) + "\n", encoding="utf-8")
     return 0 if all(r["status"] in ("PASS", "SKIP") for r in rows) else 1
