@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import faulthandler
 import gc
-import json
 import os
 import sys
-from collections import Counter
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from .commandline import collect_after_loading, command, command_group, err, handle_errors, start_up_done
 from .errors import NmtError
@@ -103,7 +99,7 @@ def prepare_cmd(
 ) -> None:
     """Moses-tokenize and learn joint BPE (or learn SentencePiece), apply it, build a shared vocabulary and
     binarize: raw text in, data dir out."""
-    from .prepare import PrepareOptions, prepare
+    from .prepare import PrepareOptions, prepare, summary_line
 
     if from_model is None and (not source_lang or not target_lang):
         raise NmtError("--source-lang/-s and --target-lang/-t are required (unless --from-model gives them)")
@@ -113,14 +109,7 @@ def prepare_cmd(
                                   tokenizer or "moses", vocab_size, spm_type, spm_sample,
                                   tokenizer_given=tokenizer is not None))
     if not quiet:
-        dropped = meta["splits"]["train"]["filtered"]["dropped"]
-        too_long = {k: v["dropped_too_long"] for k, v in meta["splits"].items() if v.get("dropped_too_long")}
-        err.print(f"wrote {out}: vocabulary {meta['vocab_size']:,}, "
-                  + ", ".join(f"{k} {v['sentences']:,}" for k, v in meta["splits"].items()) + " sentences; "
-                  + f"training pairs dropped: {dropped['empty']:,} empty, {dropped['too_long']:,} over --max-len, "
-                  + f"{dropped['ratio']:,} over --max-ratio"
-                  + "".join(f"; {k} pairs over the model's positions: {n:,}" for k, n in too_long.items()),
-                  highlight=False)
+        err.print(summary_line(meta, out), highlight=False)
 
 
 @command(app, "learn-bpe", aliases={"--symbols": "--merges", "-s": "--merges"})
@@ -133,22 +122,9 @@ def learn_bpe_cmd(
     min_frequency: Annotated[int, typer.Option(help="Stop when the best pair is rarer than this.")] = 2,
 ) -> None:
     """Learn joint BPE codes from already tokenized text (the codes subword-nmt learns, faster)."""
-    from .bpe import learn_bpe_codes
-    from .textio import atomic_path, iter_lines
+    from .prepare import learn_codes_from_files
 
-    if merges < 1:
-        raise NmtError(f"--merges must be at least 1 (got {merges})")
-    if min_frequency < 1:
-        raise NmtError(f"--min-frequency must be at least 1 (got {min_frequency})")
-    counts: Counter[str] = Counter()
-    for path in inputs:
-        for line in iter_lines(path):
-            counts.update(line.split())
-    if not counts:
-        raise NmtError("empty corpus: the inputs hold no words")
-    codes = learn_bpe_codes(counts, merges, min_frequency)
-    with atomic_path(output) as tmp:
-        tmp.write_text(codes, encoding="utf-8")
+    learn_codes_from_files(inputs, output, merges, min_frequency)
 
 
 @command(app, "apply-bpe")
@@ -284,42 +260,25 @@ def train_cmd(
     quiet: Annotated[bool, typer.Option(rich_help_panel=P_LOG, help="No progress bar or log lines.")] = False,
 ) -> None:
     """Train the Transformer (single process, or one per GPU/CPU under torchrun); resumes from checkpoint_last.pt."""
+    flags = {k: v.value if isinstance(v, Enum) else v for k, v in locals().items()}  # before any other name
+    from dataclasses import fields
+
     from . import use_huge_pages_for_tensors
 
     use_huge_pages_for_tensors()  # before torch is imported
     import torch
 
-    from .runstate import EXIT_CODES
-    from .train import TrainOptions, train
+    from .train import TrainOptions, end_of_run, train
 
     if threads:
         torch.set_num_threads(threads)
-    opts = TrainOptions(
-        data=data, save_dir=save_dir, arch=arch.value if arch else None, layers=layers, d_model=d_model, ffn=ffn,
-        heads=heads, dropout=dropout, attention_dropout=attention_dropout, activation_dropout=activation_dropout,
-        pre_norm=pre_norm, head_dim=head_dim, learned_positions=learned_positions, max_tokens=max_tokens,
-        update_freq=update_freq, max_updates=max_updates, max_epochs=max_epochs, max_time=max_time,
-        precision=precision.value, seed=seed, device=device.value if device else None,
-        save_interval_updates=save_interval_updates, save_interval_minutes=save_interval_minutes,
-        keep_last=keep_last, valid_interval=valid_interval, eval_bleu=eval_bleu, patience=patience,
-        lr_scale=lr_scale, warmup=warmup, cooldown=cooldown, label_smoothing=label_smoothing,
-        clip_norm=clip_norm, log_interval=log_interval, init_from=init_from, tensorboard=tensorboard,
-        background_save=background_save, quiet=quiet)
+    opts = TrainOptions(**{f.name: flags[f.name] for f in fields(TrainOptions)})
     summary = train(opts)
-    main_process = int(os.environ.get("RANK", "0")) == 0
-    if summary["reason"] == "already_finished":
-        if main_process:
-            err.print(f"nothing to do: {save_dir} already finished ({summary['finished_by']}, "
-                      f"{summary['updates']} updates); raise that limit to train further", highlight=False)
-        return
-    if summary["reason"] in EXIT_CODES:
-        if main_process:
-            err.print(f"stopped by {summary['reason']} after update {summary['updates']}; "
-                      f"{save_dir / 'checkpoint_last.pt'} saved (run the same command to resume)", highlight=False)
-        raise typer.Exit(EXIT_CODES[summary["reason"]])
-    if not quiet and main_process:
-        err.print(f"stopped ({summary['reason']}) after {summary['updates']} updates, "
-                  f"{summary['elapsed']:.0f} s; best {summary['best']}")
+    message, code = end_of_run(summary, save_dir)
+    if int(os.environ.get("RANK", "0")) == 0 and (code or not quiet or summary["reason"] == "already_finished"):
+        err.print(message, highlight=False)
+    if code:
+        raise typer.Exit(code)
 
 
 # ----------------------------------------------------------------------------- plot
@@ -555,38 +514,13 @@ def serve_cmd(
     engine: Annotated[Engine, typer.Option(help=ENGINE_HELP)] = Engine.auto,
 ) -> None:
     """Serve translations over HTTP: POST /translate {"text": [...], "beam": 4}, GET /health, GET /metrics."""
-    from .ct2 import CTranslate2Translator
-    from .engines import load_translator
-    from .serve import check_port, serve
-    from .serve_batching import ServeLimits, translator_thread
-    from .serve_keys import read_api_keys
-    from .serve_metrics import AccessLog
+    from .serve import serve_model
+    from .serve_batching import ServeLimits
 
-    if not 0 <= port <= 65535:
-        raise NmtError(f"--port must be between 0 and 65535 (got {port})")
     limits = ServeLimits(batch_size, max_tokens, batch_wait_ms, max_queue, max_sentences, max_chars, max_body_bytes,
                          max_work, cache_mb, shutdown_seconds=shutdown_seconds)
-    limits.check()
-    AccessLog(access_log)  # checks the style
-    api_keys = read_api_keys(str(api_key_file) if api_key_file else None, os.environ.get("NMT_API_KEYS"))
-    check_port(host, port)
-    from . import SERVING_KERNEL_CACHE, size_kernel_cache
-
-    size_kernel_cache(SERVING_KERNEL_CACHE)  # before any kernel: bounded memory over many request shapes
-    executor = translator_thread()  # loads the model and runs every batch: one thread for all PyTorch work
-    translator = executor.submit(load_translator, model, device=device.value if device else None,
-                                 precision=precision.value, threads=threads, engine=engine.value).result()
-    start_up_done()
-    runs_on = "ctranslate2" if isinstance(translator, CTranslate2Translator) else "nmt"
-    if runs_on == "nmt":
-        from .ops import bound_onednn_row_counts, keep_float32_off_onednn
-
-        keep_float32_off_onednn()  # memory that stays level over the many shapes requests bring
-        bound_onednn_row_counts()  # and for bfloat16, which stays on oneDNN
-    serve(translator, host, port, limits, runs_on, on_ready=lambda: err.print(
-        f"serving {model[0]} ({runs_on}) on http://{host}:{port} (POST /translate, GET /health, GET /metrics"
-        f"{'; API keys required' if api_keys else ''})", markup=False, highlight=False), executor=executor,
-        api_keys=api_keys, access_log=access_log)
+    serve_model(model, host, port, limits, device.value if device else None, precision.value, threads,
+                engine.value, api_key_file, access_log, err, on_loaded=start_up_done)
 
 
 # ----------------------------------------------------------------------------- score
@@ -609,37 +543,13 @@ def score_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Score detokenized hypotheses against references with sacreBLEU (scores and signatures)."""
-    from .score import mecab_fallback, score, target_language_of
-    from .textio import read_lines, read_stdin
+    from .score import print_scores, score_files
 
-    hyps = read_lines(hyp) if hyp is not None else read_stdin()
-    if not hyps:
-        raise NmtError(f"{hyp or '<stdin>'}: no hypotheses (empty file): nothing to score")
-    refs = [read_lines(r) for r in ref]
-    for r, lines in zip(ref, refs):
-        if len(lines) != len(hyps):
-            raise NmtError(f"{hyp or '<stdin>'} has {len(hyps)} lines but {r} has {len(lines)}")
-    if model is not None:
-        recorded = target_language_of(model)
-        if lang is not None and lang != recorded:
-            raise NmtError(f"--lang {lang}, but {model} translates into {recorded}")
-        lang = recorded
-    if tokenize is None and (fallback := mecab_fallback(lang)):
-        err.print(f"nmt score: warning: {fallback}", markup=False, highlight=False)
-    results = score(hyps, refs, [m.strip() for m in metrics.split(",") if m.strip()], tokenized_bleu, tokenize, lang)
-    if as_json:
-        print(json.dumps(results, indent=2))
-        return
-    table = Table(title="scores")
-    table.add_column("metric")
-    table.add_column("score", justify="right")
-    table.add_column("details")
-    for r in results:
-        table.add_row(r["metric"], f"{r['score']:.2f}", r["text"])
-    console = Console(soft_wrap=True)  # signatures are printed whole, on lines of their own, never cut
-    console.print(table)
-    for r in results:
-        console.print(f"{r['metric']} signature: {r['signature']}", markup=False, highlight=False)
+    results, warning = score_files(hyp, ref, [m.strip() for m in metrics.split(",") if m.strip()], tokenized_bleu,
+                                   tokenize, lang, model)
+    if warning:
+        err.print(f"nmt score: warning: {warning}", markup=False, highlight=False)
+    print_scores(results, as_json)
 
 
 # After a Ctrl-C the process must end: if clean-up at exit (multiprocessing's finalizers, joins of worker

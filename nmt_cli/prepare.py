@@ -41,7 +41,7 @@ from .segment import (
     plain_spaces,
     train_sentencepiece,
 )
-from .textio import check_replaceable, file_sha256, iter_lines, publish_directory, staging_directory
+from .textio import atomic_path, check_replaceable, file_sha256, iter_lines, publish_directory, staging_directory
 from .vocab import Vocabulary
 from .workers import ordered_map
 
@@ -577,3 +577,31 @@ def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, c
 def warn(message: str) -> None:
     """A warning the user must see, quiet or not: one line on stderr."""
     print(f"nmt prepare: warning: {message}", file=sys.stderr, flush=True)
+
+
+def summary_line(meta: dict, out: Path) -> str:
+    """What `nmt prepare` wrote, in one line: vocabulary, sentences per split, training pairs dropped and why."""
+    dropped = meta["splits"]["train"]["filtered"]["dropped"]
+    too_long = {k: v["dropped_too_long"] for k, v in meta["splits"].items() if v.get("dropped_too_long")}
+    return (f"wrote {out}: vocabulary {meta['vocab_size']:,}, "
+            + ", ".join(f"{k} {v['sentences']:,}" for k, v in meta["splits"].items()) + " sentences; "
+            + f"training pairs dropped: {dropped['empty']:,} empty, {dropped['too_long']:,} over --max-len, "
+            + f"{dropped['ratio']:,} over --max-ratio"
+            + "".join(f"; {k} pairs over the model's positions: {n:,}" for k, n in too_long.items()))
+
+
+def learn_codes_from_files(inputs: list[Path], output: Path, merges: int, min_frequency: int = 2) -> None:
+    """`nmt learn-bpe`: joint BPE codes learned from the words of already tokenized files, written to `output`."""
+    if merges < 1:
+        raise NmtError(f"--merges must be at least 1 (got {merges})")
+    if min_frequency < 1:
+        raise NmtError(f"--min-frequency must be at least 1 (got {min_frequency})")
+    counts: Counter[str] = Counter()
+    for path in inputs:
+        for line in iter_lines(path):
+            counts.update(line.split())
+    if not counts:
+        raise NmtError("empty corpus: the inputs hold no words")
+    codes = learn_bpe_codes(counts, merges, min_frequency)
+    with atomic_path(output) as tmp:
+        tmp.write_text(codes, encoding="utf-8")

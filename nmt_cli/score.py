@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -100,3 +101,47 @@ def target_language_of(path: str | Path) -> str:
     from .checkpoint import load_checkpoint, require_keys
 
     return str(require_keys(load_checkpoint(path), path, ("target_lang",))["target_lang"])
+
+
+def score_files(hypotheses: Path | None, references: list[Path], metrics: list[str],
+                tokenized_bleu_lang: str | None = None, tokenize: str | None = None, lang: str | None = None,
+                model: Path | None = None) -> tuple[list[dict], str | None]:
+    """`nmt score`: the hypotheses file (None: stdin) against each reference file, line by line; the target
+    language from `lang` or the model, data dir or export given. Returns the scores and a warning (MeCab
+    missing) or None."""
+    from .textio import read_lines, read_stdin
+
+    hyps = read_lines(hypotheses) if hypotheses is not None else read_stdin()
+    if not hyps:
+        raise NmtError(f"{hypotheses or '<stdin>'}: no hypotheses (empty file): nothing to score")
+    refs = [read_lines(r) for r in references]
+    for r, lines in zip(references, refs):
+        if len(lines) != len(hyps):
+            raise NmtError(f"{hypotheses or '<stdin>'} has {len(hyps)} lines but {r} has {len(lines)}")
+    if model is not None:
+        recorded = target_language_of(model)
+        if lang is not None and lang != recorded:
+            raise NmtError(f"--lang {lang}, but {model} translates into {recorded}")
+        lang = recorded
+    warning = mecab_fallback(lang) if tokenize is None else None
+    return score(hyps, refs, metrics, tokenized_bleu_lang, tokenize, lang), warning
+
+
+def print_scores(results: list[dict], as_json: bool = False) -> None:
+    """The scores as JSON, or as a table followed by each metric's signature on a line of its own."""
+    if as_json:
+        print(json.dumps(results, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="scores")
+    table.add_column("metric")
+    table.add_column("score", justify="right")
+    table.add_column("details")
+    for r in results:
+        table.add_row(r["metric"], f"{r['score']:.2f}", r["text"])
+    console = Console(soft_wrap=True)  # signatures are printed whole, on lines of their own, never cut
+    console.print(table)
+    for r in results:
+        console.print(f"{r['metric']} signature: {r['signature']}", markup=False, highlight=False)

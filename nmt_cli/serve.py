@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from .errors import NmtError
@@ -189,3 +190,41 @@ def serve(translator: TextTranslator, host: str, port: int, limits: ServeLimits,
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def serve_model(models: list[Path], host: str, port: int, limits: ServeLimits, device: str | None,
+                precision: str, threads: int, engine: str, api_key_file: Path | None, access_log: str,
+                console: Any, on_loaded: Any = None) -> None:
+    """`nmt serve`: check every option (one line for a bad one, before the model loads), load the model on
+    the translator thread and serve it until SIGTERM or Ctrl-C."""
+    import os
+
+    from .ct2 import CTranslate2Translator
+    from .engines import load_translator
+    from .serve_batching import translator_thread
+    from .serve_keys import read_api_keys
+
+    if not 0 <= port <= 65535:
+        raise NmtError(f"--port must be between 0 and 65535 (got {port})")
+    limits.check()
+    AccessLog(access_log)  # checks the style
+    api_keys = read_api_keys(str(api_key_file) if api_key_file else None, os.environ.get("NMT_API_KEYS"))
+    check_port(host, port)
+    from . import SERVING_KERNEL_CACHE, size_kernel_cache
+
+    size_kernel_cache(SERVING_KERNEL_CACHE)  # before any kernel: bounded memory over many request shapes
+    executor = translator_thread()  # loads the model and runs every batch: one thread for all PyTorch work
+    translator = executor.submit(load_translator, models, device=device, precision=precision, threads=threads,
+                                 engine=engine).result()
+    if on_loaded is not None:
+        on_loaded()
+    runs_on = "ctranslate2" if isinstance(translator, CTranslate2Translator) else "nmt"
+    if runs_on == "nmt":
+        from .ops import bound_onednn_row_counts, keep_float32_off_onednn
+
+        keep_float32_off_onednn()  # memory that stays level over the many shapes requests bring
+        bound_onednn_row_counts()  # and for bfloat16, which stays on oneDNN
+    serve(translator, host, port, limits, runs_on, on_ready=lambda: console.print(
+        f"serving {models[0]} ({runs_on}) on http://{host}:{port} (POST /translate, GET /health, GET /metrics"
+        f"{'; API keys required' if api_keys else ''})", markup=False, highlight=False), executor=executor,
+        api_keys=api_keys, access_log=access_log)

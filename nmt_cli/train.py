@@ -201,6 +201,19 @@ def stopping_line(opts: TrainOptions) -> str:
     return f"stops after {' or '.join(limits)}, whichever comes first; " + safe
 
 
+def end_of_run(summary: dict, save_dir: Path) -> tuple[str, int]:
+    """The line `nmt train` ends with, and its exit code (130 / 143 after SIGINT / SIGTERM, else 0)."""
+    if summary["reason"] == "already_finished":
+        return (f"nothing to do: {save_dir} already finished ({summary['finished_by']}, {summary['updates']} "
+                "updates); raise that limit to train further"), 0
+    if summary["reason"] in EXIT_CODES:
+        return (f"stopped by {summary['reason']} after update {summary['updates']}; "
+                f"{Path(save_dir) / 'checkpoint_last.pt'} saved (run the same command to resume)",
+                EXIT_CODES[summary["reason"]])
+    return (f"stopped ({summary['reason']}) after {summary['updates']} updates, {summary['elapsed']:.0f} s; "
+            f"best {summary['best']}"), 0
+
+
 def check_lengths(data: DataDir, splits: dict, config: ModelConfig) -> None:
     """Refuse, before training starts, data with sentences the model's positions cannot hold."""
     for name, corpus in splits.items():

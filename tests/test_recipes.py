@@ -90,7 +90,8 @@ def test_wmt14_recipe_rehearsal(wmt14_archives, tmp_path_factory, model, average
     """The real `make wmt14-base` / `make wmt14-big` on CPU: torchrun with 2 gloo processes, the paper's
     averaging count, the whole test set translated, sacreBLEU and tokenized BLEU printed."""
     exp = tmp_path_factory.getbasetemp() / "wmt14-exp"  # shared by both models: data prepared once
-    updates, every = 4 * average, 2
+    every = 2
+    updates = every * average  # just enough numbered checkpoints for the average
     result = _make(f"wmt14-{model}", f"WMT14_DATA={wmt14_archives}", "TEST_DATA=", f"WMT14_EXP={exp}",
                    "WMT14_DEVICE=cpu", "GPUS=2", "WMT14_ARCH=tiny", f"WMT14_UPDATES={updates}",
                    f"WMT14_SAVE_UPDATES={every}", "WMT14_BPE=400", "WMT14_MAX_TOKENS=1024",
