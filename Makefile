@@ -7,7 +7,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 .PHONY: install test test-margins lint bench bench-scale bench-gpu bench-save gpu-check
 install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	test -x $(BIN)/pip || $(PYTHON) -m venv $(VENV)   # pip too: a venv cut short by Ctrl-C is made again
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install torch==2.13.0
 	$(BIN)/pip install -e ".[dev]"
 	@touch $@

@@ -112,7 +112,7 @@ def prepare_cmd(
         err.print(summary_line(meta, out), highlight=False)
 
 
-@command(app, "learn-bpe", aliases={"--symbols": "--merges", "-s": "--merges"})
+@command(app, "learn-bpe", aliases={"--symbols": "--merges"})
 @handle_errors
 def learn_bpe_cmd(
     inputs: Annotated[list[Path], typer.Argument(

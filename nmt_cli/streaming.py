@@ -12,7 +12,6 @@ from pathlib import Path
 
 from rich.console import Console
 
-from .attention import format_alignments
 from .errors import NmtError
 from .pipeline import TextTranslator
 from .textio import atomic_path, read_lines, stdin_lines
@@ -83,6 +82,8 @@ def translate_lines(translator: TextTranslator, options: dict, input: Path | Non
     def translate(lines: list[str], **kwargs) -> list[list[tuple[str, float]]]:
         if not aligning:
             return translator.translate_nbest(lines, **kwargs, **options)
+        from .attention import format_alignments  # torch: only when aligning (an exported model runs without it)
+
         ids: list = []
         results = translator.translate_nbest(lines, ids_out=ids, **kwargs, **options)
         pairs = translator.align(lines, [r[0][0] for r in results], ids, alignment_layer)

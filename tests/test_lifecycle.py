@@ -571,7 +571,10 @@ def test_redirected_log_has_plain_timestamped_lines(toy_data, tmp_path):
     import re
 
     assert re.match(stamp + r"nmt \d+\.\d+\.\d+: nmt train ", lines[0])
-    assert re.match(stamp + r"[\d,]+ parameters, 1 process\(es\) on cpu, fp32; starting; config \{", lines[1])
+    from nmt_cli.precision import auto_precision
+
+    chosen = auto_precision(torch.device("cpu"))  # --precision auto, recorded as what it chose
+    assert re.match(stamp + rf"[\d,]+ parameters, 1 process\(es\) on cpu, {chosen}; starting; config \{{", lines[1])
     updates = [line for line in lines if "| upd " in line]
     assert len(updates) == 3 and all(re.match(stamp + r"epoch \d+ \| upd \d+ loss [\d.]+ lr ", u) for u in updates)
     assert all("elapsed 0:00:" in u and "eta 0:00:" in u for u in updates)
