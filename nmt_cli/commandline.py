@@ -22,9 +22,37 @@ except ImportError:  # pragma: no cover
     from click.globals import get_current_context
 
 from .errors import NmtError
-from .hardware import check_torch_version
 
 err = Console(stderr=True, soft_wrap=True)  # messages stay one line in logs, whatever the width
+
+# The oldest PyTorch nmt runs on: nn.utils.get_total_norm (2.6), fused Adam on CPU (2.4), torch.get_autocast_dtype
+# (2.4), init_process_group(device_id=) (2.3). tests/test_layout.py checks pyproject.toml says the same.
+MIN_TORCH = (2, 6)
+
+
+def installed_torch_version() -> str | None:
+    """The installed torch's version, read from its package metadata (importing torch takes seconds, and an
+    exported model translates without it); None when torch is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return None
+
+
+def check_torch_version(version: str | None = None) -> None:
+    """One NmtError when `version` (default: the installed torch's) is older than MIN_TORCH."""
+    from .errors import NmtError
+
+    version = version or installed_torch_version()
+    if version is None:
+        return
+    release = tuple(int(part) for part in version.split("+")[0].split(".")[:2] if part.isdigit())
+    if release < MIN_TORCH:
+        wanted = ".".join(map(str, MIN_TORCH))
+        raise NmtError(f"nmt needs torch {wanted} or newer, found {version}: pip install 'torch>={wanted}'")
+
 
 # `nmt --help` lists the commands in the order a run uses them; any command not named here comes last.
 PIPELINE_ORDER = ("prepare", "learn-bpe", "apply-bpe", "binarize", "train", "plot", "average", "translate",

@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 from .errors import NmtError
-from .textio import alive, host_name, read_small_file
+from .processes import alive, host_name
+from .textio import read_small_file
 
 
 @dataclass

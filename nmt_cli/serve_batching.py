@@ -12,8 +12,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import NmtError
-from .hardware import release_free_heap
 from .pipeline import TextTranslator
+
+
+def release_free_heap() -> bool:
+    """Hand the memory glibc's heap keeps after frees back to the kernel (malloc_trim); False where there is no
+    glibc."""
+    try:
+        import ctypes
+
+        return bool(ctypes.CDLL(None).malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
 
 
 @dataclass(frozen=True)

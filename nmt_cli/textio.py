@@ -9,15 +9,14 @@ import gzip
 import hashlib
 import json
 import os
-import re
 import shutil
-import socket
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .errors import NmtError
+from .processes import alive, host_name
 
 
 def _open_binary(path: Path):
@@ -109,11 +108,6 @@ def fsync_path(path: Path, directory: bool = False) -> None:
         os.close(fd)
 
 
-def host_name() -> str:
-    """This machine's name, in the characters a file name part may hold."""
-    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "host"
-
-
 def temporary_prefix(path: Path) -> str:
     """The name prefix of `path`'s temporary files and directories: `.NAME.PID@HOST.` (the pid and host tell a
     killed run's leftovers from those of a run still going, here or on another node of a shared filesystem)."""
@@ -149,22 +143,6 @@ def remove_temporaries(folder: Path, name: str | None = None) -> None:
             continue
         if folder_left:
             print(f"nmt: removed {entry}, the unfinished folder of a killed run", file=sys.stderr)
-
-
-def alive(pid: int) -> bool:
-    """Whether a process of this host has this pid and is still running (a zombie, killed but not yet reaped
-    by its parent, is not: kill(pid, 0) alone would call it alive and keep its leftovers forever)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True  # no /proc: trust kill
-    return state not in ("Z", "X")
 
 
 @contextlib.contextmanager

@@ -86,13 +86,13 @@ def test_the_circle_check_finds_one():
 
 
 def test_the_stated_torch_minimum_is_the_checked_one_and_older_torch_gets_one_line(monkeypatch):
-    """pyproject.toml's torch requirement is hardware.MIN_TORCH (the newest API the code calls: see there), and
+    """pyproject.toml's torch requirement is commandline.MIN_TORCH (the newest API the code calls: see there), and
     a command run on an older torch stops with one line instead of an AttributeError mid-training."""
     import re
 
     import torch
 
-    from nmt_cli.hardware import MIN_TORCH
+    from nmt_cli.commandline import MIN_TORCH
 
     from .conftest import expect_error, run_cli
 
@@ -100,7 +100,7 @@ def test_the_stated_torch_minimum_is_the_checked_one_and_older_torch_gets_one_li
     stated = re.search(r'"torch>=(\d+)\.(\d+)"', pyproject)
     assert stated and tuple(map(int, stated.groups())) == MIN_TORCH
     assert hasattr(torch.nn.utils, "get_total_norm")
-    monkeypatch.setattr("nmt_cli.hardware.installed_torch_version", lambda: "2.5.1+cpu")
+    monkeypatch.setattr("nmt_cli.commandline.installed_torch_version", lambda: "2.5.1+cpu")
     expect_error(run_cli("average", "x.pt", "-o", "y.pt"), "nmt needs torch 2.6 or newer, found 2.5.1+cpu")
 
 

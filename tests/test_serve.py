@@ -408,7 +408,7 @@ def _listening(port: int) -> bool:
 def test_freed_heap_is_handed_back_between_batches(translator, sentences, monkeypatch):
     """After a batch, with the queue empty, the server trims glibc's heap (at most once a second)."""
     import nmt_cli.serve_batching as serve_module
-    from nmt_cli.hardware import release_free_heap
+    from nmt_cli.serve_batching import release_free_heap
 
     assert release_free_heap() in (True, False)  # callable here (glibc) or a no-op elsewhere
     calls = []
