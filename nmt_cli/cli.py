@@ -31,6 +31,17 @@ P_SEARCH = "Search"
 ENGINE_HELP = ("auto: nmt for a checkpoint, CTranslate2 for an exported folder; ctranslate2 also runs a checkpoint "
                "(exported, float32, to a temporary folder at start-up).")
 
+# Flags that translate and serve (and train, for --device) declare alike.
+DeviceFlag = Annotated[Optional[Device], typer.Option(
+    rich_help_panel=P_DEVICE, help="Default: cuda when available, else cpu.")]
+ModelsFlag = Annotated[list[Path], typer.Option("--model", "-m", rich_help_panel=P_IO, help=(
+    "Checkpoint (repeat for an ensemble), or a folder written by `nmt export ctranslate2`."))]
+InferencePrecisionFlag = Annotated[Precision, typer.Option(rich_help_panel=P_DEVICE, help=(
+    "Precision (fp16: CUDA only; auto: bf16 where the device multiplies it in hardware, else fp32)."))]
+ThreadsFlag = Annotated[int, typer.Option(rich_help_panel=P_DEVICE, help=(
+    "CPU threads in all (0: torch's default; an exported model up to 4)."))]
+EngineFlag = Annotated[Engine, typer.Option(rich_help_panel=P_DEVICE, help=ENGINE_HELP)]
+
 # Other spellings each command accepts without listing them: fairseq's (users arrive with those habits) and
 # former names. The docs use nmt's own.
 FAIRSEQ_DATA = {"--trainpref": "--train", "--validpref": "--valid", "--testpref": "--test", "--destdir": "--out"}
@@ -221,8 +232,7 @@ def train_cmd(
         "GPUs without bf16), fp32 elsewhere (fp32: exact float32)."))] = Precision.auto,
     seed: Annotated[int, typer.Option(
         rich_help_panel=P_OPTIM, help="Random seed (initialization, batch order, dropout).")] = 1,
-    device: Annotated[Optional[Device], typer.Option(
-        rich_help_panel=P_DEVICE, help="Default: cuda when available, else cpu.")] = None,
+    device: DeviceFlag = None,
     save_interval_updates: Annotated[int, typer.Option(
         rich_help_panel=P_STOP, help="Save a numbered checkpoint every N updates.")] = 0,
     save_interval_minutes: Annotated[float, typer.Option(
@@ -409,8 +419,7 @@ def average_cmd(
 @handle_errors
 @collect_after_loading
 def translate_cmd(
-    model: Annotated[list[Path], typer.Option("--model", "-m", rich_help_panel=P_IO, help=(
-        "Checkpoint (repeat for an ensemble), or a folder written by `nmt export ctranslate2`."))],
+    model: ModelsFlag,
     input: Annotated[Optional[Path], typer.Option(
         "--input", "-i", rich_help_panel=P_IO, help="Raw text (default stdin).")] = None,
     output: Annotated[Optional[Path], typer.Option(
@@ -432,18 +441,13 @@ def translate_cmd(
             "folder (CTranslate2), so the two rank alike but print different numbers."))] = 1,
     greedy: Annotated[bool, typer.Option(
         rich_help_panel=P_SEARCH, help="Greedy decoding (no beam machinery).")] = False,
-    device: Annotated[Optional[Device], typer.Option(
-        rich_help_panel=P_DEVICE, help="Default: cuda when available, else cpu.")] = None,
-    precision: Annotated[Precision, typer.Option(
-        rich_help_panel=P_DEVICE, help=(
-            "Precision (fp16: CUDA only; auto: bf16 where the device multiplies it in hardware, else fp32)."
-        ))] = Precision.fp32,
-    threads: Annotated[int, typer.Option(rich_help_panel=P_DEVICE, help=(
-        "CPU threads in all (0: torch's default; an exported model up to 4)."))] = 0,
+    device: DeviceFlag = None,
+    precision: InferencePrecisionFlag = Precision.fp32,
+    threads: ThreadsFlag = 0,
     parallel_batches: Annotated[int, typer.Option(rich_help_panel=P_DEVICE, help=(
         "Batches translated at once, each on its share of the threads (0: 2 on a CPU with 2+ threads, "
         "else 1)."))] = 0,
-    engine: Annotated[Engine, typer.Option(rich_help_panel=P_DEVICE, help=ENGINE_HELP)] = Engine.auto,
+    engine: EngineFlag = Engine.auto,
     alignments: Annotated[bool, typer.Option(rich_help_panel=P_IO, help=(
         "Append TAB and source-target word alignments (i-j over whitespace-separated words; characters for "
         "Chinese, Japanese, Thai; from the encoder-decoder attention: approximate) to each line."))] = False,
@@ -481,8 +485,7 @@ def translate_cmd(
 @handle_errors
 @collect_after_loading
 def serve_cmd(
-    model: Annotated[list[Path], typer.Option("--model", "-m", help=(
-        "Checkpoint (repeat for an ensemble), or a folder written by `nmt export ctranslate2`."))],
+    model: ModelsFlag,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
     batch_size: Annotated[int, typer.Option(help="Sentences per search batch, gathered across requests.")] = 64,
@@ -505,13 +508,10 @@ def serve_cmd(
     access_log: Annotated[str, typer.Option(help="One line per request on stderr: plain, json or off.")] = "plain",
     shutdown_seconds: Annotated[float, typer.Option(help=(
         "After SIGTERM: stop accepting, answer what is queued for up to this long, exit 0."))] = 30.0,
-    device: Annotated[Optional[Device], typer.Option(help="Default: cuda when available, else cpu.")] = None,
-    precision: Annotated[Precision, typer.Option(help=(
-        "Precision (fp16: CUDA only; auto: bf16 where the device multiplies it in hardware, else fp32)."
-        ))] = Precision.fp32,
-    threads: Annotated[int, typer.Option(help=(
-        "CPU threads in all (0: torch's default; an exported model up to 4)."))] = 0,
-    engine: Annotated[Engine, typer.Option(help=ENGINE_HELP)] = Engine.auto,
+    device: DeviceFlag = None,
+    precision: InferencePrecisionFlag = Precision.fp32,
+    threads: ThreadsFlag = 0,
+    engine: EngineFlag = Engine.auto,
 ) -> None:
     """Serve translations over HTTP: POST /translate {"text": [...], "beam": 4}, GET /health, GET /metrics."""
     from .serve import serve_model
