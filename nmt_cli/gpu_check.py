@@ -43,7 +43,7 @@ PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10"
                "P100": 21.2}
 SIZES = {  # device -> learning model and updates, throughput models, timed updates
     "cuda": {"learn": ("small", 500), "speed": ("base", "big"), "updates": (5, 20)},
-    "cpu": {"learn": ("tiny", 500), "speed": ("tiny",), "updates": (2, 5)},  # the code path, not a CPU figure
+    "cpu": {"learn": ("tiny", 300), "speed": ("tiny",), "updates": (2, 5)},  # the code path, not a CPU figure
 }
 
 
