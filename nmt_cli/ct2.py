@@ -18,6 +18,7 @@ from .textio import check_replaceable, export_kind, mark_export, publish_directo
 from .vocab import Vocabulary
 
 FORMAT = "nmt-ctranslate2/1"
+INSTALL_HINT = "CTranslate2 is not installed; install it with: pip install -e '.[ct2]' (or pip install ctranslate2)"
 # Weight types in the words `--precision` uses (fp32, bf16, fp16), int8 for the quantized ones -> CTranslate2's names
 # (accepted too).
 QUANTIZATIONS = {"fp32": "float32", "int8": "int8", "int8_fp32": "int8_float32", "bf16": "bfloat16",
@@ -32,7 +33,6 @@ def quantization_name(name: str) -> str:
         if name == ct2_name:
             return nmt_name
     raise NmtError(f"unknown --quantization {name!r} (choose from {', '.join(QUANTIZATIONS)})")
-INSTALL_HINT = "CTranslate2 is not installed; install it with: pip install -e '.[ct2]' (or pip install ctranslate2)"
 
 
 def _ctranslate2() -> Any:

@@ -188,10 +188,13 @@ def schedule_warning(opts: TrainOptions) -> str | None:
 
 def stopping_line(opts: TrainOptions) -> str:
     """How the run will stop and how to stop it safely, said once at start-up."""
-    limits = [f"{opts.max_updates:,} updates" if opts.max_updates else "",
-              f"{opts.max_epochs} epochs" if opts.max_epochs else "",
-              f"{opts.max_time:g} minutes" if opts.max_time else "",
-              f"{opts.patience} validations without improvement" if opts.patience else ""]
+    def count(n: float, noun: str) -> str:
+        return f"{n:,g} {noun}" + ("" if n == 1 else "s")
+
+    limits = [count(opts.max_updates, "update") if opts.max_updates else "",
+              count(opts.max_epochs, "epoch") if opts.max_epochs else "",
+              count(opts.max_time, "minute") if opts.max_time else "",
+              count(opts.patience, "validation") + " without improvement" if opts.patience else ""]
     limits = [x for x in limits if x]
     safe = ("Ctrl-C (or SIGTERM) saves checkpoint_last.pt after the current update and stops; the same command "
             "resumes")
