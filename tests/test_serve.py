@@ -438,3 +438,19 @@ def test_requests_search_with_the_model_files_settings_unless_they_say(toy_model
         assert status == 200 and body["translations"] == chosen.translate(sentences[:8], beam=2, lenpen=1.5)
         status, body = server.post({"text": sentences[:8], "beam": 4, "lenpen": 0.6})
         assert status == 200 and body["translations"] == chosen.translate(sentences[:8], beam=4, lenpen=0.6)
+
+
+def test_serve_flags_reach_their_limits(monkeypatch, tmp_path):
+    """Each of serve's limit flags lands in its own ServeLimits field (--shutdown-seconds once landed in the heap
+    trimming interval, positionally), before anything is loaded."""
+    seen = {}
+    monkeypatch.setattr("nmt_cli.serve.serve_model", lambda models, host, port, limits, *a, **k: seen.update(
+        limits=limits, port=port))
+    result = run_cli("serve", "-m", tmp_path / "m.pt", "--port", "0", "--batch-size", "8", "--max-tokens", "300",
+                     "--batch-wait-ms", "2", "--max-queue", "99", "--max-sentences", "9", "--max-chars", "77",
+                     "--max-body-bytes", "5000", "--max-work", "1234", "--cache-mb", "3", "--shutdown-seconds", "7")
+    assert result.exit_code == 0, result.output
+    limits = seen["limits"]
+    assert (limits.max_batch, limits.max_tokens, limits.batch_wait_ms, limits.max_queue, limits.max_sentences,
+            limits.max_chars, limits.max_body_bytes, limits.max_work, limits.cache_mb, limits.shutdown_seconds,
+            limits.trim_seconds) == (8, 300, 2.0, 99, 9, 77, 5000, 1234, 3.0, 7.0, ServeLimits().trim_seconds)
