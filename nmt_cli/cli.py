@@ -28,6 +28,7 @@ P_LOG = "Logging"
 P_DEVICE = "Devices and precision"
 P_IO = "Input and output"
 P_SEARCH = "Search"
+P_STEER = "Sampling, prefixes and constraints"
 ENGINE_HELP = ("auto: nmt for a checkpoint, CTranslate2 for an exported folder; ctranslate2 also runs a checkpoint "
                "(exported, float32, to a temporary folder at start-up).")
 
@@ -50,7 +51,8 @@ TRAIN_ALIASES = {"--max-update": "--max-updates", "--max-epoch": "--max-epochs",
                  "--validate-interval-updates": "--valid-interval", "--keep-interval-updates": "--keep-last",
                  "--finetune-from-model": "--init-from", "--tensorboard-logdir": "--tensorboard", **FAIRSEQ_DEVICE}
 TRANSLATE_ALIASES = {"--path": "--model", "--print-alignment": "--alignments", "--workers": "--parallel-batches",
-                     **FAIRSEQ_DEVICE}
+                     "--sampling-topk": "--topk", "--sampling-topp": "--topp",
+                     "--no-repeat-ngram-size": "--no-repeat-ngram", **FAIRSEQ_DEVICE}
 # fairseq's scripts/average_checkpoints.py: `--inputs SAVE_DIR --num-update-checkpoints 5` (the folder is nmt's
 # positional argument, so `--inputs` drops out)
 AVERAGE_ALIASES = {"--inputs": "", "--num-update-checkpoints": "--last", "--num-epoch-checkpoints": "--last"}
@@ -457,27 +459,56 @@ def translate_cmd(
         "Decoder layer whose encoder-decoder attention gives the alignments (1-based; default: the second to "
         "last, or the last of 1-2 layers)."))] = None,
     quiet: Annotated[bool, typer.Option(rich_help_panel=P_IO, help="No progress bar.")] = False,
+    sampling: Annotated[bool, typer.Option(rich_help_panel=P_STEER, help=(
+        "Draw each token from the model's distribution instead of searching (back-translation); --nbest N "
+        "draws N outputs per line."))] = False,
+    topk: Annotated[Optional[int], typer.Option(rich_help_panel=P_STEER, help=(
+        "Sample from the K most probable tokens only (default 0: all)."), show_default=False)] = None,
+    topp: Annotated[Optional[float], typer.Option(rich_help_panel=P_STEER, help=(
+        "Sample from the smallest set of tokens whose probability reaches P, in (0, 1] (default 1: all)."),
+        show_default=False)] = None,
+    temperature: Annotated[Optional[float], typer.Option(rich_help_panel=P_STEER, help=(
+        "Divide the log-probabilities by T before sampling: below 1 sharper, above flatter (default 1)."),
+        show_default=False)] = None,
+    seed: Annotated[Optional[int], typer.Option(rich_help_panel=P_STEER, help=(
+        "Seed of the draws (default 0); a line samples alike alone or in any batch."), show_default=False)] = None,
+    no_repeat_ngram: Annotated[int, typer.Option(rich_help_panel=P_STEER, help=(
+        "No N-gram of output tokens twice in an output (0: off)."))] = 0,
+    prefix: Annotated[Optional[Path], typer.Option(rich_help_panel=P_STEER, help=(
+        "Raw target text each output starts with, one line per input line (empty: none); needs --input."))] = None,
+    constraints: Annotated[Optional[Path], typer.Option(rich_help_panel=P_STEER, help=(
+        "Target phrases each output must contain, tab-separated, one line per input line (empty: none); beam "
+        "search with nmt's engine; needs --input."))] = None,
 ) -> None:
     """Translate raw text; output is detokenized, one line per input line, in input order."""
     from .engines import load_translator
     from .pipeline import TextTranslator
-    from .streaming import check_alignment_request, translate_lines
+    from .streaming import check_alignment_request, read_steering, sampling_of, translate_lines
 
     if parallel_batches < 0:
         raise NmtError(f"--parallel-batches must be 0 (automatic) or more (got {parallel_batches})")
     check_alignment_request(nbest, alignments, alignments_out)
+    draws = sampling_of(sampling, beam, topk, topp, temperature, seed)
+    steering = read_steering(input, prefix, constraints)
     options = dict(max_len_a=max_len_a, max_len_b=max_len_b, batch_size=batch_size, max_tokens=max_tokens,
                    greedy=greedy, nbest=nbest)
+    extras = dict(sampling=draws, no_repeat_ngram=no_repeat_ngram)
     # before anything is loaded or printed (the model's own beam is checked against --nbest once it is loaded)
-    TextTranslator.check_options(beam or max(4, nbest), 0.6 if lenpen is None else lenpen, **options)
+    TextTranslator.check_options(beam or max(4, nbest), 0.6 if lenpen is None else lenpen, **options, **extras,
+                                 constraints=constraints is not None)
     translator = load_translator(model, device=device.value if device else None, precision=precision.value,
                                  threads=threads, engine=engine.value, workers=parallel_batches)
+    if constraints is not None and translator.constraints_refusal:
+        raise NmtError(translator.constraints_refusal)
     options["beam"], options["lenpen"] = translator.search_settings(beam, lenpen)
-    TextTranslator.check_options(**options)
-    if not greedy and (note := translator.settings_note(beam, lenpen)) is not None:
+    TextTranslator.check_options(**options, **extras)
+    if draws is not None:
+        del options["beam"]
+    elif not greedy and (note := translator.settings_note(beam, lenpen)) is not None:
         err.print(f"nmt translate: {note}", markup=False, highlight=False)
     start_up_done()
-    translate_lines(translator, options, input, output, err, alignments, alignments_out, alignment_layer, quiet)
+    translate_lines(translator, {**options, **extras, **steering}, input, output, err, alignments, alignments_out,
+                    alignment_layer, quiet)
 
 
 # ----------------------------------------------------------------------------- serve

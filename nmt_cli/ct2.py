@@ -13,11 +13,14 @@ from typing import Any
 
 from .errors import NmtError
 from .pipeline import Hyp, TextTranslator, default_workers, stored_decoding
+from .sampling import Sampling
 from .segment import segmenter_from, segmenter_of
 from .textio import check_replaceable, export_kind, mark_export, publish_directory, staging_directory
 from .vocab import Vocabulary
 
 FORMAT = "nmt-ctranslate2/1"
+CONSTRAINTS_REFUSED = ("--constraints needs nmt's own beam search (CTranslate2 has no lexical constraints): give "
+                       "the checkpoint (.pt), not an exported folder or --engine ctranslate2")
 INSTALL_HINT = "CTranslate2 is not installed; install it with: pip install -e '.[ct2]' (or pip install ctranslate2)"
 # Weight types in the words `--precision` uses (fp32, bf16, fp16), int8 for the quantized ones -> CTranslate2's names
 # (accepted too).
@@ -168,6 +171,8 @@ class CTranslate2Translator(TextTranslator):
     speed): the same output unless a sentence's search reaches its own limit.
     """
 
+    constraints_refusal = CONSTRAINTS_REFUSED
+
     per_sentence_limits = True
 
     def __init__(self, translator: Any, vocab: Vocabulary, segmenter: Any, meta: dict, workers: int = 1) -> None:
@@ -224,15 +229,26 @@ class CTranslate2Translator(TextTranslator):
                                 workers=workers)
 
     def search(self, sources: list[list[int]], beam: int, lenpen: float, max_len_a: float, max_len_b: int,
-               greedy: bool, nbest: int) -> list[list[Hyp]]:
+               greedy: bool, nbest: int, sampling: Sampling | None = None, no_repeat_ngram: int = 0,
+               prefixes: list[list[int]] | None = None, constraints: list[list[list[int]]] | None = None,
+               unmet: list[int] | None = None) -> list[list[Hyp]]:
+        if constraints is not None and any(constraints):
+            raise NmtError(CONSTRAINTS_REFUSED)
         limits = [self.max_output_tokens(len(ids), max_len_a, max_len_b) for ids in sources]
+        if prefixes:  # a prefix is always whole, as nmt's own search keeps it
+            limits = [max(limit, len(p)) for limit, p in zip(limits, prefixes)]
+        extra = {"no_repeat_ngram_size": no_repeat_ngram, "prefixes": prefixes}
         out: list[list[Hyp]] = [[] for _ in sources]
         todo = list(range(len(sources)))
         longest = max(limits)
+        if sampling is not None:
+            # CTranslate2 draws from its own generator, seeded here per batch: repeatable for the same batches.
+            _ctranslate2().set_random_seed(sampling.seed)
+            extra["sampling"] = sampling
         if not self.per_sentence_limits:
-            self._translate(sources, todo, longest, beam, lenpen, greedy, nbest, out)
+            self._translate(sources, todo, longest, beam, lenpen, greedy, nbest, out, **extra)
             return out
-        if len(set(limits)) > 1 and (greedy or lenpen != 0):
+        if len(set(limits)) > 1 and (greedy or lenpen != 0) and sampling is None:
             # One call under the batch's largest limit, and again under its own limit for each sentence whose
             # search may have reached that limit. CTranslate2 ends a sentence's search at the first step where
             # it holds `beam` finished hypotheses (with a length penalty; greedy: at </s>), registering at least
@@ -240,7 +256,7 @@ class CTranslate2Translator(TextTranslator):
             # step's. So when every returned hypothesis is at least 2 tokens shorter than the sentence's own
             # limit, its search ended before that limit's last step, exactly as a call under its own limit would.
             # (Without a length penalty it may stop once its top hypothesis finishes: no such guarantee.)
-            self._translate(sources, todo, longest, beam, lenpen, greedy, beam if not greedy else 1, out)
+            self._translate(sources, todo, longest, beam, lenpen, greedy, beam if not greedy else 1, out, **extra)
             todo = [r for r in todo if limits[r] < longest and max(len(t) for t, _ in out[r]) >= limits[r] - 1]
             for r in range(len(sources)):
                 del out[r][nbest:]
@@ -248,20 +264,33 @@ class CTranslate2Translator(TextTranslator):
         for r in todo:
             groups.setdefault(limits[r], []).append(r)
         for limit, rows in groups.items():
-            self._translate(sources, rows, limit, beam, lenpen, greedy, nbest, out)
+            self._translate(sources, rows, limit, beam, lenpen, greedy, nbest, out, **extra)
         return out
 
     def _translate(self, sources: list[list[int]], rows: list[int], limit: int, beam: int, lenpen: float,
-                   greedy: bool, nbest: int, out: list[list[Hyp]]) -> None:
-        """CTranslate2's search over `rows` of sources under one length limit; hypotheses into `out`."""
+                   greedy: bool, nbest: int, out: list[list[Hyp]], sampling: Sampling | None = None,
+                   no_repeat_ngram_size: int = 0, prefixes: list[list[int]] | None = None) -> None:
+        """CTranslate2's search over `rows` of sources under one length limit; hypotheses into `out`. With
+        `sampling`, each source is repeated `nbest` times, one draw each."""
+        batch = [[self.pieces[i] for i in sources[r]] for r in rows]
+        prefix = [[self.pieces[i] for i in prefixes[r]] or None for r in rows] if prefixes else None
+        options: dict = dict(beam_size=1 if greedy else beam, num_hypotheses=1 if greedy else nbest,
+                             length_penalty=0.0 if greedy else lenpen)
+        copies = 1
+        if sampling is not None:
+            copies = nbest
+            batch = [s for s in batch for _ in range(copies)]
+            prefix = [p for p in prefix for _ in range(copies)] if prefix else None
+            options = dict(beam_size=1, num_hypotheses=1, length_penalty=0.0, sampling_topk=sampling.topk,
+                           sampling_topp=sampling.topp, sampling_temperature=sampling.temperature)
         results = self.translator.translate_batch(
-            [[self.pieces[i] for i in sources[r]] for r in rows], beam_size=1 if greedy else beam,
-            num_hypotheses=1 if greedy else nbest, length_penalty=0.0 if greedy else lenpen,
+            batch, prefix, **options, no_repeat_ngram_size=no_repeat_ngram_size,
             max_decoding_length=limit,  # output tokens before </s>, as nmt counts them
             return_scores=True, suppress_sequences=[["<s>"], ["<blank>"]], return_end_token=False)
         index = self.vocab.index
-        for r, result in zip(rows, results):
-            out[r] = [([index[t] for t in tokens], score) for tokens, score in zip(result.hypotheses, result.scores)]
+        for j, r in enumerate(rows):
+            out[r] = [([index[t] for t in tokens], score) for result in results[j * copies : (j + 1) * copies]
+                      for tokens, score in zip(result.hypotheses, result.scores)]
 
     def token_log_probs(self, sources: list[list[int]], targets: list[list[int]]) -> list[list[float]]:
         """Per-token log-probabilities of each target (ids without </s>; the </s> is scored last)."""

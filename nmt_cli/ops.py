@@ -328,9 +328,20 @@ def linear_log_softmax_topk(hidden: Tensor, weight: Tensor, k: int, exclude: tup
     """The k largest entries per row of log_softmax(hidden @ weight^T), float32: a decoding step's output layer.
 
     hidden (N, d), weight (V, d). Returns values (N, k), their columns (N, k) and all log-probabilities
-    (N, V). Columns in `exclude` count in the normalization but are set to -inf, so they are never returned.
+    (N, V) (`linear_log_softmax`); the top-k is `topk_rows`.
+    """
+    log_probs = linear_log_softmax(hidden, weight, exclude, packed)
+    values, columns = topk_rows(log_probs, k)
+    return values, columns, log_probs
+
+
+def linear_log_softmax(hidden: Tensor, weight: Tensor, exclude: tuple[int, ...] = (),
+                       packed: PackedWeight | None = None) -> Tensor:
+    """log_softmax(hidden @ weight^T) in float32, (N, V): a decoding step's next-token distribution.
+
+    Columns in `exclude` count in the normalization but are set to -inf, so they are never chosen.
     PyTorch's log-softmax is one fused pass with a vectorized exp (torch.exp alone is slower here, and
-    logsumexp slower still); the top-k is `topk_rows`. `packed`: see `linear`.
+    logsumexp slower still). `packed`: see `linear`.
     """
     logits = linear(hidden, weight, packed=packed).float()
     if logits.device.type == "cpu":
@@ -342,5 +353,4 @@ def linear_log_softmax_topk(hidden: Tensor, weight: Tensor, k: int, exclude: tup
         log_probs = torch.log_softmax(logits, dim=-1)
     if exclude:
         log_probs[:, list(exclude)] = -math.inf
-    values, columns = topk_rows(log_probs, k)
-    return values, columns, log_probs
+    return log_probs

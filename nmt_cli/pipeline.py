@@ -7,8 +7,10 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
+from typing import Any
 
 from .errors import NmtError
+from .sampling import Sampling
 from .segment import Segmenter
 from .vocab import Vocabulary
 
@@ -34,6 +36,8 @@ Hyp = tuple[list[int], float]
 class TextTranslator:
     """Pre- and post-processing around a search engine; subclasses implement `search`."""
 
+    constraints_refusal: str | None = None  # why the engine cannot search with constraints, if it cannot
+
     def __init__(self, vocab: Vocabulary, segmenter: Segmenter, source_lang: str, target_lang: str,
                  max_positions: int, workers: int = 1) -> None:
         if workers < 1:
@@ -45,13 +49,58 @@ class TextTranslator:
         # Lines translated truncated: the caller reads (and clears) them after each call, so they never pile up.
         self.warnings: list[str] = []
         self.truncated: list[tuple[int, int]] = []  # (line, source tokens) of the same lines
+        self.unmet: list[int] = []  # lines whose constraints were not all met (also in `warnings`)
         self.generated_tokens = 0  # output tokens (</s> included) of the best hypotheses so far
         self.decoding: dict = {}  # the model's own decoding settings (`stored_decoding`), if any
 
     def search(self, sources: list[list[int]], beam: int, lenpen: float, max_len_a: float, max_len_b: int,
-               greedy: bool, nbest: int) -> list[list[Hyp]]:
-        """Up to `nbest` hypotheses, best first, for each source (ids without </s>), all in one batch."""
+               greedy: bool, nbest: int, sampling: Sampling | None = None, no_repeat_ngram: int = 0,
+               prefixes: list[list[int]] | None = None, constraints: list[list[list[int]]] | None = None,
+               unmet: list[int] | None = None) -> list[list[Hyp]]:
+        """Up to `nbest` hypotheses, best first, for each source (ids without </s>), all in one batch; with
+        `sampling`, `nbest` samples each in the order drawn. `prefixes` and `constraints` (target ids per
+        source) as `translate_nbest` takes them as text; rows whose constraints were not all met are appended
+        to `unmet`."""
         raise NotImplementedError
+
+    def steering_ids(self, sources: list[list[int]], prefixes: Sequence[str] | None,
+                     constraints: Sequence[Sequence[str]] | None, max_len_a: float, max_len_b: int,
+                     first_line: int = 1, where: tuple[str, str] = ("prefix", "constraints"),
+                     ) -> tuple[list[list[int]] | None, list[list[list[int]]] | None]:
+        """Target ids of each line's prefix and constraint phrases, tokenized as the model's target side;
+        one-line NmtError "WHERE:LINE: ..." for one that cannot be honoured. An empty input line ignores
+        its own."""
+        n = len(sources)
+        for name, items in zip(where, (prefixes, constraints)):
+            if items is not None and len(items) != n:
+                raise NmtError(f"{name}: {len(items)} lines for {n} input lines; give one per input line (an "
+                               "empty one for none)")
+        target = self.target_lang
+        prefix_ids = None
+        if prefixes is not None:
+            prefix_ids = []
+            for line, (text, source) in enumerate(zip(prefixes, sources), start=first_line):
+                ids = self.vocab.encode(self.segmenter.segment(text, target)) if text.strip() and source else []
+                if len(ids) > self.max_positions - 2:
+                    raise NmtError(f"{where[0]}:{line}: the prefix has {len(ids)} tokens, more than the model's "
+                                   f"{self.max_positions - 2}")
+                prefix_ids.append(ids)
+        constraint_ids = None
+        if constraints is not None:
+            constraint_ids = []
+            for line, (phrases, source) in enumerate(zip(constraints, sources), start=first_line):
+                limit = self.max_output_tokens(len(source), max_len_a, max_len_b)
+                line_ids = []
+                for j, phrase in enumerate(phrases, start=1):
+                    if not phrase.strip():
+                        raise NmtError(f"{where[1]}:{line}: constraint {j} is empty")
+                    ids = self.vocab.encode(self.segmenter.segment(phrase, target))
+                    if len(ids) > limit:
+                        raise NmtError(f"{where[1]}:{line}: constraint {j} has {len(ids)} tokens, more than the "
+                                       f"line's length limit of {limit} (--max-len-a, --max-len-b)")
+                    line_ids.append(ids)
+                constraint_ids.append(line_ids if source else [])
+        return prefix_ids, constraint_ids
 
     def encode(self, sentences: Sequence[str], first_line: int = 1) -> list[list[int]]:
         """Token ids of raw sentences (no </s>); too-long ones are truncated with a warning naming the line."""
@@ -96,8 +145,18 @@ class TextTranslator:
 
     @staticmethod
     def check_options(beam: int, lenpen: float, max_len_a: float, max_len_b: int, batch_size: int,
-                      max_tokens: int | None, greedy: bool, nbest: int) -> None:
+                      max_tokens: int | None, greedy: bool, nbest: int, sampling: Sampling | None = None,
+                      no_repeat_ngram: int = 0, constraints: bool = False) -> None:
         """Refuse option combinations the search cannot honour, with one line naming the flag."""
+        if sampling is not None:
+            sampling.check()
+            if greedy:
+                raise NmtError("--sampling draws each token, --greedy takes the most probable: choose one")
+            beam = max(beam, nbest)  # samples are not limited by a beam
+        if constraints and (greedy or sampling is not None):
+            raise NmtError("--constraints needs beam search: drop --greedy and --sampling")
+        if not 0 <= no_repeat_ngram <= 1000:
+            raise NmtError(f"--no-repeat-ngram must be 0 (off) or more (got {no_repeat_ngram})")
         for flag, number in (("--lenpen", lenpen), ("--max-len-a", max_len_a), ("--max-len-b", max_len_b)):
             if not math.isfinite(number):
                 raise NmtError(f"{flag} must be a finite number (got {number})")
@@ -139,24 +198,47 @@ class TextTranslator:
     def translate_nbest(self, sentences: Sequence[str], beam: int | None = None, lenpen: float | None = None,
                         max_len_a: float = 1.0, max_len_b: int = 50, batch_size: int = 64,
                         max_tokens: int | None = None, greedy: bool = False, nbest: int = 1, first_line: int = 1,
-                        on_batch: Callable[[int], None] | None = None,
-                        ids_out: list | None = None) -> list[list[tuple[str, float]]]:
+                        on_batch: Callable[[int], None] | None = None, ids_out: list | None = None,
+                        sampling: Sampling | None = None, no_repeat_ngram: int = 0,
+                        prefixes: Sequence[str] | None = None, constraints: Sequence[Sequence[str]] | None = None,
+                        where: tuple[str, str] = ("prefix", "constraints")) -> list[list[tuple[str, float]]]:
         """Exactly `nbest` (translation, score) pairs per sentence, best first; empty input gives ("", 0.0)s.
         With `ids_out` (a list), it is filled with (source ids, best output ids) per sentence, in input order.
-        `beam` and `lenpen` default to the model's own settings (`search_settings`)."""
+        `beam` and `lenpen` default to the model's own settings (`search_settings`).
+
+        `sampling`: draw `nbest` outputs per sentence instead (in the order drawn; no beam). `no_repeat_ngram`
+        N: no N-gram twice in an output. `prefixes`: per sentence, raw target text its output must start with
+        ("" for none). `constraints`: per sentence, raw target phrases that must each appear in its output
+        (beam search only); a line where they cannot all be met within its length limit gets the best
+        hypothesis found and a warning. `where` names the prefixes and constraints in error messages."""
+        if constraints is not None and self.constraints_refusal:
+            raise NmtError(self.constraints_refusal)
+        if sampling is not None and beam is not None:
+            raise NmtError("--sampling draws without a beam: drop --beam (--nbest sets the samples per line)")
         beam, lenpen = self.search_settings(beam, lenpen)
-        self.check_options(beam, lenpen, max_len_a, max_len_b, batch_size, max_tokens, greedy, nbest)
+        self.check_options(beam, lenpen, max_len_a, max_len_b, batch_size, max_tokens, greedy, nbest, sampling,
+                           no_repeat_ngram, constraints is not None)
         ids = self.encode(sentences, first_line)
+        prefix_ids, constraint_ids = self.steering_ids(ids, prefixes, constraints, max_len_a, max_len_b, first_line,
+                                                       where)
         results: list[list[tuple[str, float]]] = [[("", 0.0)] * nbest for _ in sentences]
         if ids_out is not None:
             ids_out[:] = [(x, []) for x in ids]
         todo = [i for i, x in enumerate(ids) if x]
         jobs = [[todo[j] for j in batch] for batch in self.batches([len(ids[i]) for i in todo], batch_size, max_tokens)]
 
-        def search(rows: list[int]) -> list[list[Hyp]]:
-            return self.search([ids[i] for i in rows], beam, lenpen, max_len_a, max_len_b, greedy, nbest)
+        def search(rows: list[int]) -> tuple[list[list[Hyp]], list[int]]:
+            unmet: list[int] = []
+            hyps = self.search([ids[i] for i in rows], beam, lenpen, max_len_a, max_len_b, greedy, nbest, sampling,
+                               no_repeat_ngram, [prefix_ids[i] for i in rows] if prefix_ids else None,
+                               [constraint_ids[i] for i in rows] if constraint_ids else None, unmet)
+            return hyps, [rows[r] for r in unmet]
 
-        for rows, hyps in self.map_batches(search, jobs):
+        for rows, (hyps, unmet) in self.map_batches(search, jobs):
+            for i in sorted(unmet):
+                self.warnings.append(f"line {first_line + i}: its constraints could not all be met within the "
+                                     "length limit; translated with the best hypothesis found")
+                self.unmet.append(first_line + i)
             for i, sentence_hyps in zip(rows, hyps):
                 results[i] = [(self.decode(tokens), score) for tokens, score in sentence_hyps]
                 # Exactly `nbest` per input: a search that ran out of distinct hypotheses repeats its last one.
@@ -170,8 +252,8 @@ class TextTranslator:
             on_batch(len(sentences) - len(todo))
         return results
 
-    def map_batches(self, search: Callable[[list[int]], list[list[Hyp]]],
-                    jobs: list[list[int]]) -> Iterator[tuple[list[int], list[list[Hyp]]]]:
+    def map_batches(self, search: Callable[[list[int]], Any],
+                    jobs: list[list[int]]) -> Iterator[tuple[list[int], Any]]:
         """(job, search(job)) for each batch job, in the order they finish: `workers` at a time, each on its own
         thread (`start_worker` prepares the thread), the longest batches first."""
         if self.workers == 1 or len(jobs) == 1:

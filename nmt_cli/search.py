@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from .constraints import START, Candidate, Phrases, allocate
 from .model import CachePool, DecoderState, Transformer
-from .ops import linear_log_softmax_topk, topk_rows
+from .ops import linear_log_softmax, topk_rows
+from .sampling import Sampling
+from .steering import Steering, StepRules, draw
 
 
 def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
@@ -24,6 +27,7 @@ class Hypothesis:
 
     tokens: list[int]
     score: float
+    complete: bool = True  # False: its sentence's constraints could not all be met within the length limit
 
 
 class EnsembleModel:
@@ -51,32 +55,38 @@ class EnsembleModel:
         for state in states:
             state.release()
 
+    def log_probs(self, tokens: Tensor, states: list[DecoderState], bos: int) -> Tensor:
+        """Log-probabilities of every next token after tokens (N,), (N, V) float32; <pad> and <s> are -inf."""
+        pad = self.pad
+        if len(self.models) == 1:
+            model = self.models[0]
+            hidden = model.decode_step(tokens, states[0])  # (N, d)
+            return linear_log_softmax(hidden, model.embed.weight, exclude=(pad, bos), packed=model.packed_output)
+        lprobs = [torch.log_softmax(m.logits(m.decode_step(tokens, s)).float(), dim=-1)
+                  for m, s in zip(self.models, states)]
+        scores = torch.logsumexp(torch.stack(lprobs), dim=0) - math.log(len(lprobs))
+        scores[:, pad] = -math.inf
+        scores[:, bos] = -math.inf
+        return scores
+
     def step(self, tokens: Tensor, states: list[DecoderState], k: int, at_limit: Tensor, bos: int,
-             eos: int) -> tuple[Tensor, Tensor]:
-        """The k most probable next tokens of each row and their log-probabilities, (N, k) each, float32.
+             eos: int, adjust: Callable[[Tensor], None] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """The k most probable next tokens of each row and their log-probabilities, (N, k) each, float32, and
+        all log-probabilities (N, V) after `adjust` (which edits them in place: `StepRules.apply`).
 
         tokens (N,) are the rows' last tokens. <pad> and <s> are never proposed; rows where `at_limit`
         (N,) is true may only end: </s> at the model's own probability, then -inf candidates.
         """
-        pad = self.pad
         limited = at_limit.nonzero().squeeze(1) if bool(at_limit.any()) else None
-        if len(self.models) == 1:
-            model = self.models[0]
-            hidden = model.decode_step(tokens, states[0])  # (N, d)
-            top, index, scores = linear_log_softmax_topk(hidden, model.embed.weight, k, exclude=(pad, bos),
-                                                         packed=model.packed_output)
-        else:
-            lprobs = [torch.log_softmax(m.logits(m.decode_step(tokens, s)).float(), dim=-1)
-                      for m, s in zip(self.models, states)]
-            scores = torch.logsumexp(torch.stack(lprobs), dim=0) - math.log(len(lprobs))
-            scores[:, pad] = -math.inf
-            scores[:, bos] = -math.inf
-            top, index = topk_rows(scores, k)
+        scores = self.log_probs(tokens, states, bos)
+        if adjust is not None:
+            adjust(scores)
+        top, index = topk_rows(scores, k)
         if limited is not None:
             top[limited] = -math.inf
             top[limited, 0] = scores[limited, eos]
             index[limited, 0] = eos
-        return top, index
+        return top, index, scores
 
     @staticmethod
     def reorder(states: list[DecoderState], rows: Tensor, sentences: Tensor | None = None) -> None:
@@ -105,21 +115,25 @@ def max_lengths(src: Tensor, pad: int, eos: int, a: float, b: int, limit: int) -
 
 @torch.inference_mode()
 def greedy_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, max_len_a: float = 1.0,
-                  max_len_b: int = 50) -> list[Hypothesis]:
+                  max_len_b: int = 50, steering: Steering | None = None) -> list[Hypothesis]:
     """Most likely token at each step; finished sentences leave the batch. src (B, S) -> one hypothesis each.
 
-    A greedy hypothesis's score is its plain log-probability (no length penalty).
+    A greedy hypothesis's score is its plain log-probability (no length penalty). `steering`: forced
+    prefixes and no repeated n-grams.
     """
     bsz = src.shape[0]
-    limits = max_lengths(src, ensemble.pad, eos, max_len_a, max_len_b, ensemble.max_positions)
+    rules = StepRules(steering, bsz, src.device)
+    limits = rules.lengthen(max_lengths(src, ensemble.pad, eos, max_len_a, max_len_b, ensemble.max_positions))
     states = ensemble.start(src, 1, int(limits.max()) + 1)
     active = torch.arange(bsz, device=src.device)  # original index of each row
     tokens = torch.full((bsz,), bos, dtype=torch.long, device=src.device)
+    history = tokens[:, None]  # (N, t + 1): kept only for the rules
     outputs: list[list[int]] = [[] for _ in range(bsz)]
     scores = [0.0] * bsz
     try:
         for step in range(int(limits.max()) + 1):
-            best_lp, best = ensemble.step(tokens, states, 1, limits[active] <= step, bos, eos)  # (N, 1) each
+            adjust = (lambda lp: rules.apply(lp, history, active, step)) if rules else None  # noqa: B023
+            best_lp, best, _ = ensemble.step(tokens, states, 1, limits[active] <= step, bos, eos, adjust)
             best_lp, tokens = best_lp[:, 0], best[:, 0]
             done = tokens == eos
             for i, tok, lp in zip(active.tolist(), tokens.tolist(), best_lp.tolist()):
@@ -128,19 +142,89 @@ def greedy_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, max_
                     outputs[i].append(tok)
             if done.all():
                 break
+            if rules:
+                history = torch.cat([history, tokens[:, None]], dim=1)
             if done.any():
                 keep = staying_order(done.tolist(), src.device)
                 ensemble.reorder(states, keep, keep)
-                active, tokens = active[keep], tokens[keep]
+                active, tokens, history = active[keep], tokens[keep], history[keep]
     finally:
         ensemble.release(states)
     return [Hypothesis(out, s) for out, s in zip(outputs, scores)]
 
 
 @torch.inference_mode()
+def sample_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, sampling: Sampling, samples: int = 1,
+                  seeds: Sequence[int] | None = None, max_len_a: float = 1.0, max_len_b: int = 50,
+                  steering: Steering | None = None) -> list[list[Hypothesis]]:
+    """`samples` outputs per sentence of src (B, S), each token drawn from the model's distribution as
+    `sampling` shapes it, in the order drawn. A sample's score is its plain log-probability under the model.
+
+    Sentence i's draws come from its own generator, seeded with `seeds[i]`, so it samples alike alone or in
+    any batch. Its rows that ended wait (their further steps unused) until all of the sentence's have.
+    """
+    bsz, device = src.shape[0], src.device
+    rules = StepRules(steering, bsz, device)
+    limits = rules.lengthen(max_lengths(src, ensemble.pad, eos, max_len_a, max_len_b, ensemble.max_positions))
+    steps = int(limits.max()) + 1
+    seeds = list(seeds) if seeds is not None else [sampling.seed] * bsz
+    # Step by step (not sample by sample), so that the numbers of a step do not depend on the batch's longest limit.
+    uniforms = torch.stack([torch.rand((steps, samples), dtype=torch.float64,
+                                       generator=torch.Generator().manual_seed(seed)).t() for seed in seeds])
+    uniforms = uniforms.view(bsz * samples, steps).to(device)
+    states = ensemble.start(src, samples, steps)
+    row_id = torch.arange(bsz * samples, device=device)  # each row's original index: sentence * samples + s
+    active = torch.arange(bsz, device=device)
+    history = torch.full((bsz * samples, 1), bos, dtype=torch.long, device=device)
+    ended = torch.zeros(bsz * samples, dtype=torch.bool, device=device)
+    totals = torch.zeros(bsz * samples, dtype=torch.float64, device=device)
+    out: list[list[Hypothesis]] = [[Hypothesis([], 0.0)] * samples for _ in range(bsz)]
+
+    def collect(rows: Tensor) -> None:
+        for r, tokens, total in zip(row_id[rows].tolist(), history[rows, 1:].tolist(), totals[rows].tolist()):
+            out[r // samples][r % samples] = Hypothesis(tokens[: tokens.index(eos)] if eos in tokens else tokens,
+                                                        total)
+
+    try:
+        for step in range(steps):
+            sentence_of_row = active.repeat_interleave(samples)
+            log_probs = ensemble.log_probs(history[:, -1], states, bos)
+            if rules:
+                rules.apply(log_probs, history, sentence_of_row, step)
+            at_limit = limits[sentence_of_row] <= step
+            if bool(at_limit.any()):
+                eos_scores = log_probs[at_limit, eos]
+                log_probs[at_limit] = -math.inf
+                log_probs[at_limit, eos] = eos_scores
+            tokens = draw(log_probs, uniforms[row_id, step], sampling)
+            tokens = torch.where(ended, eos, tokens)
+            totals += torch.where(ended, 0.0, log_probs.gather(1, tokens[:, None]).squeeze(1).double())
+            history = torch.cat([history, tokens[:, None]], dim=1)
+            ended |= tokens == eos
+            done = ended.view(-1, samples).all(1)
+            if bool(done.all()):
+                collect(torch.arange(row_id.shape[0], device=device))
+                break
+            if bool(done.any()):
+                leaving = done.repeat_interleave(samples).nonzero().squeeze(1)
+                collect(leaving)
+                keep = staying_order(done.tolist(), device)
+                rows = ((keep * samples).unsqueeze(1) + torch.arange(samples, device=device)).view(-1)
+                ensemble.reorder(states, rows, keep)
+                active, row_id, history, ended, totals = (active[keep], row_id[rows], history[rows], ended[rows],
+                                                          totals[rows])
+        else:
+            collect(torch.arange(row_id.shape[0], device=device))
+    finally:
+        ensemble.release(states)
+    return out
+
+
+@torch.inference_mode()
 def beam_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, beam: int = 4, lenpen: float = 0.6,
-                max_len_a: float = 1.0, max_len_b: int = 50, nbest: int = 1,
-                exhaustive: bool = False) -> list[list[Hypothesis]]:
+                max_len_a: float = 1.0, max_len_b: int = 50, nbest: int = 1, exhaustive: bool = False,
+                steering: Steering | None = None,
+                constraints: Sequence[Sequence[Sequence[int]]] | None = None) -> list[list[Hypothesis]]:
     """Batched beam search; src (B, S) -> the `nbest` best finished hypotheses per sentence, best first.
 
     A hypothesis's score is its log-probability divided by the GNMT length penalty of its length
@@ -148,10 +232,20 @@ def beam_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, beam: 
     CTranslate2), or sooner when no open hypothesis can still beat its `nbest`-th finished one, which
     changes nothing in the result: an open hypothesis with log-probability s can at best reach
     s / lp(max length), since s only falls. `exhaustive` searches until only that bound stops it.
+
+    `steering`: forced prefixes and no repeated n-grams. `constraints`: per sentence, target phrases (token
+    ids) that must each appear in its output; a sentence with some keeps its beam by dynamic beam allocation
+    (`constraints.allocate`) and may only end once all are met. If none of its hypotheses meets them all
+    within the length limit, it gets its best ones with `complete` False. Sentences without constraints
+    search exactly as they would without the argument.
     """
     nbest = min(nbest, beam)
     bsz, device = src.shape[0], src.device
-    limits = max_lengths(src, ensemble.pad, eos, max_len_a, max_len_b, ensemble.max_positions)
+    rules = StepRules(steering, bsz, device)
+    limits = rules.lengthen(max_lengths(src, ensemble.pad, eos, max_len_a, max_len_b, ensemble.max_positions))
+    phrases = {i: Phrases(tuple(tuple(p) for p in c)) for i, c in enumerate(constraints or []) if c}
+    progress = {i: [START] for i in phrases}  # a constrained sentence's open hypotheses' progress, by slot
+    unmet: dict[int, list[Hypothesis]] = {i: [] for i in phrases}  # ended at the limit with phrases unmet
     states = ensemble.start(src, beam, int(limits.max()) + 1)
     finished: list[list[Hypothesis]] = [[] for _ in range(bsz)]
     active = torch.arange(bsz, device=device)  # original index of each active sentence, (B',)
@@ -168,7 +262,9 @@ def beam_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, beam: 
         for step in range(int(limits.max()) + 1):
             n_active = active.shape[0]
             at_limit = (limits[active] <= step).repeat_interleave(width)
-            lprobs, proposals = ensemble.step(history[:, -1], states, k, at_limit, bos, eos)  # (N, k) each
+            adjust = ((lambda lp: rules.apply(lp, history, active.repeat_interleave(width), step))  # noqa: B023
+                      if rules else None)
+            lprobs, proposals, full = ensemble.step(history[:, -1], states, k, at_limit, bos, eos, adjust)
             candidates = (scores.unsqueeze(-1) + lprobs.view(n_active, width, k)).view(n_active, width * k)
             top_scores, top_index = candidates.topk(min(2 * beam, width * k), dim=1)  # (B', 2*beam)
             top_beam, top_token = top_index // k, proposals.view(n_active, width * k).gather(1, top_index)
@@ -176,6 +272,9 @@ def beam_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, beam: 
             # Finished hypotheses: </s> candidates among the `beam` best (fairseq's rule; the other `beam` are only
             # there to refill the open beam), so that beam 1 is exactly greedy search.
             is_eos[:, beam:] = False
+            constrained = [b for b, i in enumerate(active.tolist()) if i in phrases] if phrases else []
+            if constrained:
+                is_eos[constrained] = False
 
             penalty = length_penalty(step + 1, lenpen)
             if is_eos.any():
@@ -188,6 +287,10 @@ def beam_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, beam: 
             open_scores = top_scores.masked_fill(top_token == eos, -math.inf)
             open_scores, pick = open_scores.topk(beam, dim=1)  # (B', beam)
             open_beam, open_token = top_beam.gather(1, pick), top_token.gather(1, pick)
+            if constrained:
+                _constrained_step(constrained, active.tolist(), width, beam, scores, lprobs, proposals, full,
+                                  history, (limits[active] <= step).tolist(), eos, penalty, phrases, progress,
+                                  finished, unmet, (open_scores, open_beam, open_token))
 
             # A sentence is done with `beam` finished hypotheses (unless exhaustive), or when no open
             # hypothesis can beat its nbest-th finished one.
@@ -214,7 +317,80 @@ def beam_search(ensemble: EnsembleModel, src: Tensor, bos: int, eos: int, beam: 
     finally:
         ensemble.release(states)
     out = []
-    for hyps in finished:
+    for i, hyps in enumerate(finished):
+        if not hyps and unmet.get(i):
+            hyps = [Hypothesis(h.tokens, h.score, complete=False) for h in unmet[i]]
         hyps.sort(key=lambda h: -h.score)
         out.append(hyps[:nbest])
     return out
+
+
+def _constrained_step(positions: list[int], sentences: list[int], width: int, beam: int, scores: Tensor,
+                      lprobs: Tensor, proposals: Tensor, full: Tensor, history: Tensor, at_limit: list[bool],
+                      eos: int, penalty: float, phrases: dict[int, Phrases], progress: dict[int, list],
+                      finished: list[list[Hypothesis]], unmet: dict[int, list[Hypothesis]],
+                      opened: tuple[Tensor, Tensor, Tensor]) -> None:
+    """Beam search's step for the constrained sentences at `positions` of the active ones: their candidates
+    are each open hypothesis's k proposals plus the tokens that advance its constraints (`Phrases.wanted`);
+    an </s> ends a hypothesis only with every phrase met (then it competes with the other complete
+    candidates, among which it must rank in the `beam` best, fairseq's rule), or at the length limit, where
+    it is kept aside in `unmet`. The open beam is allocated across banks (`allocate`) and written into the
+    rows of `opened` (scores, slots, tokens)."""
+    k = proposals.shape[1]
+    open_scores, open_beam, open_token = opened
+    rows = torch.tensor(positions, device=scores.device)
+    slot_scores = scores[rows].tolist()  # (P, width)
+    proposed_lp = lprobs.view(-1, width, k)[rows].tolist()
+    proposed = proposals.view(-1, width, k)[rows].tolist()
+    # The log-probabilities of the wanted tokens, read in one gather.
+    wanted: list[tuple[int, int, int, int]] = []  # (position index, slot, token, row)
+    for p, b in enumerate(positions):
+        sentence = sentences[b]
+        if at_limit[b]:
+            continue
+        for slot, state in enumerate(progress[sentence][:width]):
+            for token in phrases[sentence].wanted(state):
+                wanted.append((p, slot, token, b * width + slot))
+    wanted_lp = full[[w[3] for w in wanted], [w[2] for w in wanted]].tolist() if wanted else []
+    extra: dict[tuple[int, int], list[tuple[float, int]]] = {}
+    for (p, slot, token, _), lp in zip(wanted, wanted_lp):
+        extra.setdefault((p, slot), []).append((lp, token))
+
+    new_scores, new_beam, new_token = [], [], []
+    for p, b in enumerate(positions):
+        sentence, rule = sentences[b], phrases[sentences[b]]
+        candidates, endings = [], []
+        for slot in range(width):
+            base = slot_scores[p][slot]
+            if not math.isfinite(base):
+                continue
+            state = progress[sentence][slot]
+            seen = set()
+            for lp, token in [*zip(proposed_lp[p][slot], proposed[p][slot]), *extra.get((p, slot), [])]:
+                if token in seen or not math.isfinite(lp):
+                    continue
+                seen.add(token)
+                if token == eos:
+                    endings.append(Candidate(base + lp, slot, eos, state))
+                else:
+                    candidates.append(Candidate(base + lp, slot, token, rule.advance(state, token)))
+        # Complete hypotheses that end compete with those that go on: an ending among the `beam` best of them
+        # is finished.
+        complete = sorted([c.score for c in candidates if rule.complete(c.progress)]
+                          + [c.score for c in endings if rule.complete(c.progress)], reverse=True)
+        bar = complete[beam - 1] if len(complete) >= beam else -math.inf
+        for c in endings:
+            tokens = history[b * width + c.slot, 1:].tolist()
+            if rule.complete(c.progress):
+                if c.score >= bar:
+                    finished[sentence].append(Hypothesis(tokens, c.score / penalty))
+            elif at_limit[b]:
+                unmet[sentence].append(Hypothesis(tokens, c.score / penalty, complete=False))
+        chosen = allocate(candidates, rule, beam)
+        progress[sentence] = [c.progress for c in chosen] + [START] * (beam - len(chosen))
+        new_scores.append([c.score for c in chosen] + [-math.inf] * (beam - len(chosen)))
+        new_beam.append([c.slot for c in chosen] + [0] * (beam - len(chosen)))
+        new_token.append([c.token for c in chosen] + [eos] * (beam - len(chosen)))
+    open_scores[rows] = torch.tensor(new_scores, dtype=open_scores.dtype, device=open_scores.device)
+    open_beam[rows] = torch.tensor(new_beam, dtype=open_beam.dtype, device=open_beam.device)
+    open_token[rows] = torch.tensor(new_token, dtype=open_token.dtype, device=open_token.device)

@@ -109,7 +109,7 @@ def create_app(translator: TextTranslator, limits: ServeLimits = ServeLimits(), 
             return error(e.status, e.message), 0
         batcher: Batcher = state["batcher"]
         try:
-            job = batcher.submit(parsed.sentences, parsed.options)
+            job = batcher.submit(parsed.sentences, parsed.options, parsed.prefixes, parsed.constraints)
         except QueueFull:
             return error(503, f"the queue is full ({limits.max_queue} sentences); retry later",
                          **{"Retry-After": "1"}), 0

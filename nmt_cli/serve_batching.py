@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -79,6 +80,8 @@ class _Job:
     future: asyncio.Future
     cancelled: bool = False
     size: int = field(init=False)
+    prefixes: list[str] | None = None  # per sentence, "" for none
+    constraints: list[list[str]] | None = None  # per sentence
 
     def __post_init__(self) -> None:
         self.size = len(self.sentences)
@@ -115,11 +118,14 @@ class Batcher:
         self._executor = executor or translator_thread()
         self._trimmed = time.monotonic()
 
-    def submit(self, sentences: list[str], options: tuple) -> _Job:
-        """Queue a request's sentences; QueueFull when the queue would pass its bound."""
+    def submit(self, sentences: list[str], options: tuple, prefixes: list[str] | None = None,
+               constraints: list[list[str]] | None = None) -> _Job:
+        """Queue a request's sentences (with their target prefixes and constraints, if any); QueueFull when the
+        queue would pass its bound."""
         if self.queued_sentences + len(sentences) > self.limits.max_queue:
             raise QueueFull
-        job = _Job(sentences, options, asyncio.get_running_loop().create_future())
+        job = _Job(sentences, options, asyncio.get_running_loop().create_future(), prefixes=prefixes,
+                   constraints=constraints)
         self.queue.append(job)
         self.queued_sentences += job.size
         self._wakeup.set()
@@ -157,30 +163,41 @@ class Batcher:
             if not batch:
                 continue
             sentences = [s for job in batch for s in job.sentences]
-            options = dict(batch[0].options)
             try:
-                results, truncated, alignments = await loop.run_in_executor(self._executor, self._translate,
-                                                                             sentences, options)
-            except Exception as e:  # bad options reach here as NmtError; anything else is the server's fault
-                for job in batch:
+                outcome: dict[int, Any] = await loop.run_in_executor(self._executor, self._translate, batch)
+            except NmtError as e:
+                # One request's prefix or constraints that cannot be honoured fails that request only.
+                outcome = {0: e} if len(batch) == 1 else await self._one_by_one(batch)
+            except Exception as e:  # anything else is the server's fault
+                outcome = {j: e for j in range(len(batch))}
+            try:
+                answered = 0
+                for j, job in enumerate(batch):
+                    if isinstance(outcome[j], Exception):
+                        if not job.future.done():
+                            job.future.set_exception(outcome[j])
+                        continue
+                    answered += job.size
                     if not job.future.done():
-                        job.future.set_exception(e)
-            else:
-                start, limit = 0, self.translator.max_positions - 2
-                for job in batch:
-                    warnings = [f"text[{line - start - 1}]: {tokens} tokens exceed the model's {limit}; translated "
-                                "truncated" for line, tokens in truncated if start < line <= start + job.size]
-                    if not job.future.done():
-                        job.future.set_result((results[start : start + job.size], warnings,
-                                               alignments[start : start + job.size] if alignments else None))
-                    start += job.size
-                self.translated_sentences += len(sentences)
-                self.batches += 1
-                if self.metrics is not None:
-                    self.metrics.batch(len(sentences))
+                        job.future.set_result(outcome[j])
+                if answered:
+                    self.translated_sentences += answered
+                    self.batches += 1
+                    if self.metrics is not None:
+                        self.metrics.batch(answered)
             finally:
                 # Its clients are about to send again, beside those that arrived meanwhile and still wait.
                 self.expected = len(sentences) + self.queued_sentences
+
+    async def _one_by_one(self, batch: list[_Job]) -> dict[int, Any]:
+        """Each job of a failed batch translated alone: its answer, or the exception it alone raises."""
+        loop, outcome = asyncio.get_running_loop(), {}
+        for j, job in enumerate(batch):
+            try:
+                outcome[j] = (await loop.run_in_executor(self._executor, self._translate, [job]))[0]
+            except Exception as e:  # noqa: BLE001 - delivered to its own request
+                outcome[j] = e
+        return outcome
 
     async def _gather(self) -> None:
         """Wait for company: up to `batch_wait_ms`, but no longer once as many sentences are queued as the last
@@ -196,31 +213,55 @@ class Batcher:
             except asyncio.TimeoutError:
                 return
 
-    def _translate(self, sentences: list[str],
-                   options: dict) -> tuple[list[list[tuple[str, float]]], list, list[str] | None]:
-        """n-best (translation, score) lists of a batch, its truncated lines (line in the batch, tokens), and
-        its word alignments when asked for; the translator's warning lists are emptied each batch, so a server
-        running for weeks keeps none."""
+    def _translate(self, batch: list[_Job]) -> dict[int, tuple]:
+        """Each job's answer, by its place in the batch: its n-best (translation, score) lists, its warnings
+        (lines truncated, constraints unmet) and its word alignments when asked for. The batch's sentences are
+        searched together; the translator's warning lists are emptied each batch, so a server running for
+        weeks keeps none. NmtError for a prefix or constraint that cannot be honoured."""
         start = time.perf_counter()
         tokens_before = self.translator.generated_tokens
         self.translator.warnings.clear()
         self.translator.truncated.clear()
-        options = dict(options)
+        self.translator.unmet.clear()
+        sentences = [s for job in batch for s in job.sentences]
+        options = dict(batch[0].options)
         aligning = options.pop("alignments", False)
+        steering: dict = {}
+        if any(job.prefixes for job in batch):
+            steering["prefixes"] = [p for job in batch for p in (job.prefixes or [""] * job.size)]
+        if any(job.constraints for job in batch):
+            steering["constraints"] = [c for job in batch for c in (job.constraints or [[]] * job.size)]
         try:
             ids: list | None = [] if aligning else None
-            results = self.translator.translate_nbest(sentences, batch_size=self.limits.max_batch,
-                                                      max_tokens=self.limits.max_tokens, ids_out=ids, **options)
+            try:
+                results = self.translator.translate_nbest(sentences, batch_size=self.limits.max_batch,
+                                                          max_tokens=self.limits.max_tokens, ids_out=ids,
+                                                          where=("prefix", "constraints"), **options, **steering)
+            except NmtError as e:
+                raise NmtError(re.sub(r"^(prefix|constraints):(\d+):",
+                                      lambda m: f"{m[1]}[{int(m[2]) - 1}]:", str(e))) from None
             alignments = None
             if aligning:
                 from .attention import format_alignments
 
                 pairs = self.translator.align(sentences, [r[0][0] for r in results], ids)  # type: ignore[attr-defined]
                 alignments = [format_alignments(p) for p in pairs]
-            return results, list(self.translator.truncated), alignments
+            out, first, limit = {}, 0, self.translator.max_positions - 2
+            for j, job in enumerate(batch):
+                mine = range(first + 1, first + job.size + 1)  # the job's lines, 1-based in the batch
+                warnings = [f"text[{line - first - 1}]: {tokens} tokens exceed the model's {limit}; translated "
+                            "truncated" for line, tokens in self.translator.truncated if line in mine]
+                warnings += [f"text[{line - first - 1}]: its constraints could not all be met within the length "
+                             "limit; translated with the best hypothesis found"
+                             for line in self.translator.unmet if line in mine]
+                out[j] = (results[first : first + job.size], warnings,
+                          alignments[first : first + job.size] if alignments else None)
+                first += job.size
+            return out
         finally:
             self.translator.warnings.clear()
             self.translator.truncated.clear()
+            self.translator.unmet.clear()
             self.translate_seconds += time.perf_counter() - start
             since = time.monotonic() - self._trimmed
             if self.limits.trim_seconds and (since > self.limits.trim_seconds or (since > 1 and not self.queue)):

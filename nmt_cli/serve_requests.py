@@ -10,14 +10,20 @@ from typing import Any
 
 from .errors import NmtError
 from .pipeline import TextTranslator
+from .sampling import Sampling
 from .serve_batching import ServeLimits
 
 OPTIONS = {"beam": int, "lenpen": (int, float), "greedy": bool, "max_len_a": (int, float), "max_len_b": int,
-           "nbest": int, "alignments": bool}
+           "nbest": int, "alignments": bool, "no_repeat_ngram": int}
+SAMPLING = {"sampling": bool, "topk": int, "topp": (int, float), "temperature": (int, float), "seed": int}
 DEFAULTS = {"beam": 4, "lenpen": 0.6, "greedy": False, "max_len_a": 1.0, "max_len_b": 50, "nbest": 1,
-            "alignments": False}
-RANGES = {"beam": (1, 64), "nbest": (1, 64), "lenpen": (0, 100), "max_len_a": (0, 100), "max_len_b": (0, 100_000)}
+            "alignments": False, "no_repeat_ngram": 0}
+RANGES = {"beam": (1, 64), "nbest": (1, 64), "lenpen": (0, 100), "max_len_a": (0, 100), "max_len_b": (0, 100_000),
+          "no_repeat_ngram": (0, 1000), "topk": (0, 1_000_000), "topp": (0, 1), "temperature": (0, 100),
+          "seed": (0, 2**63 - 1)}
 FLAGS = {"return_scores": bool}  # shape the answer only: requests with other values still share a batch
+STEERING = ("prefix", "constraints")  # per sentence: requests with them still share a batch
+MAX_CONSTRAINTS = 16  # phrases per sentence
 
 
 @dataclass(frozen=True)
@@ -28,6 +34,8 @@ class ParsedRequest:
     options: tuple  # the search options, sorted (name, value) pairs: requests with equal ones share a batch
     single: bool  # "text" was one string: so is the answer
     return_scores: bool
+    prefixes: list[str] | None = None  # per sentence ("" for none)
+    constraints: list[list[str]] | None = None  # per sentence
 
 
 def parse_request(body: bytes, limits: ServeLimits, max_positions: int = 1024,
@@ -45,9 +53,10 @@ def parse_request(body: bytes, limits: ServeLimits, max_positions: int = 1024,
         raise HTTPError(400, "the body is not a request: JSON nested too deeply") from None
     if not isinstance(payload, dict):
         raise HTTPError(422, "the body must be a JSON object with a \"text\" list")
-    unknown = sorted(set(payload) - set(OPTIONS) - set(FLAGS) - {"text"})
+    known = [*OPTIONS, *SAMPLING, *STEERING, *FLAGS]
+    unknown = sorted(set(payload) - set(known) - {"text"})
     if unknown:
-        raise HTTPError(422, f"unknown field(s): {', '.join(unknown)} (known: text, {', '.join([*OPTIONS, *FLAGS])})")
+        raise HTTPError(422, f"unknown field(s): {', '.join(unknown)} (known: text, {', '.join(known)})")
     text = payload.get("text")
     single = isinstance(text, str)
     if single:
@@ -64,7 +73,9 @@ def parse_request(body: bytes, limits: ServeLimits, max_positions: int = 1024,
         if "\n" in sentence or "\r" in sentence:
             raise HTTPError(422, f"text[{i}] holds a line break; send one sentence per list item")
     options = dict(defaults or DEFAULTS)
-    for name, kind in {**OPTIONS, **FLAGS}.items():
+    if payload.get("sampling") is True and "beam" in payload:
+        raise HTTPError(422, "\"sampling\" draws without a beam: drop \"beam\" (\"nbest\" sets the samples)")
+    for name, kind in {**OPTIONS, **SAMPLING, **FLAGS}.items():
         if name in payload:
             value = payload[name]
             if isinstance(value, bool) and kind is not bool:
@@ -78,20 +89,73 @@ def parse_request(body: bytes, limits: ServeLimits, max_positions: int = 1024,
                 raise HTTPError(422, f"\"{name}\" must be between {low} and {high:,} (got {value})")
             options[name] = value
     return_scores = bool(options.pop("return_scores", False))
+    sampling = None
+    if options.pop("sampling", False):
+        sampling = Sampling(options.pop("topk", 0), options.pop("topp", 1.0), options.pop("temperature", 1.0),
+                            options.pop("seed", 0))
+        options["sampling"] = sampling
+    elif given := [name for name in ("topk", "topp", "temperature", "seed") if name in options]:
+        raise HTTPError(422, f"\"{given[0]}\" shapes what \"sampling\" draws from: add \"sampling\": true")
+    prefixes, constraints = steering_fields(payload, text, single, limits.max_chars)
     try:
         TextTranslator.check_options(options["beam"], options["lenpen"], options["max_len_a"],
-                                     options["max_len_b"], 1, None, options["greedy"], options["nbest"])
+                                     options["max_len_b"], 1, None, options["greedy"], options["nbest"], sampling,
+                                     options["no_repeat_ngram"], constraints is not None)
     except NmtError as e:
         raise HTTPError(422, str(e).replace("--", "").replace("-", "_")) from None
     if options["alignments"] and options["nbest"] > 1:
         raise HTTPError(422, "\"alignments\" are given for the best translation only: drop \"nbest\"")
     if options["alignments"] and not can_align:
         raise HTTPError(422, "\"alignments\" read nmt's own attention: this server runs CTranslate2")
-    work = decoder_work(text, options, max_positions)
+    if sampling is not None:
+        options["beam"] = options["nbest"]  # the rows a sentence decodes, for the work bound
+    work = decoder_work(text, options, max_positions, prefixes)
     if work > limits.max_work:
         raise HTTPError(413, f"the request may decode {work:,} tokens (sentences x beam x length limit); at most "
                              f"{limits.max_work:,} per request: send fewer or shorter sentences, or a smaller beam")
-    return ParsedRequest(text, tuple(sorted(options.items())), single, return_scores)
+    if sampling is not None:
+        del options["beam"]
+    return ParsedRequest(text, tuple(sorted(options.items())), single, return_scores, prefixes, constraints)
+
+
+def steering_fields(payload: dict, text: list[str], single: bool,
+                    max_chars: int) -> tuple[list[str] | None, list[list[str]] | None]:
+    """The "prefix" (a string per sentence) and "constraints" (a list of phrases per sentence) of a body, one
+    per "text" item (for a single "text" string, one string and one list), each bounded like a sentence."""
+    def strings(value: Any, where: str) -> list[str]:
+        if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+            raise HTTPError(422, f"{where} must be a list of strings")
+        return value
+
+    prefixes = constraints = None
+    if "prefix" in payload:
+        value = payload["prefix"]
+        prefixes = [value] if single and isinstance(value, str) else strings(value, "\"prefix\"")
+    if "constraints" in payload:
+        value = payload["constraints"]
+        if single:
+            constraints = [strings(value, "\"constraints\" (for one \"text\" string)")]
+        elif not isinstance(value, list):
+            raise HTTPError(422, "\"constraints\" must be a list (one list of phrases per \"text\" item)")
+        else:
+            constraints = [strings(v, f"\"constraints\"[{i}]") for i, v in enumerate(value)]
+    for name, items in (("prefix", prefixes), ("constraints", constraints)):
+        if items is not None and len(items) != len(text):
+            raise HTTPError(422, f"\"{name}\" has {len(items)} items for {len(text)} sentences: one per sentence")
+    for i, sentence_prefix in enumerate(prefixes or []):
+        if len(sentence_prefix) > max_chars or "\n" in sentence_prefix or "\r" in sentence_prefix:
+            raise HTTPError(413 if len(sentence_prefix) > max_chars else 422,
+                            f"prefix[{i}] must be one line of at most {max_chars} characters")
+    for i, phrases in enumerate(constraints or []):
+        if len(phrases) > MAX_CONSTRAINTS:
+            raise HTTPError(413, f"constraints[{i}] has {len(phrases)} phrases; at most {MAX_CONSTRAINTS}")
+        for j, phrase in enumerate(phrases):
+            if not phrase.strip():
+                raise HTTPError(422, f"constraints[{i}][{j}] is empty")
+            if len(phrase) > max_chars or "\n" in phrase or "\r" in phrase or "\t" in phrase:
+                raise HTTPError(413 if len(phrase) > max_chars else 422,
+                                f"constraints[{i}][{j}] must be one phrase of at most {max_chars} characters")
+    return prefixes, constraints
 
 
 def token_bound(sentence: str) -> int:
@@ -102,14 +166,16 @@ def token_bound(sentence: str) -> int:
     return len(sentence.encode("utf-8", "surrogatepass")) + 1
 
 
-def decoder_work(sentences: list[str], options: dict, max_positions: int) -> int:
-    """An upper bound on the decoder tokens a request can cost: for each sentence, hypotheses (the beam, 1 when
-    greedy) x its length limit a x length + b, with `token_bound` as its length, and no limit beyond the
-    model's positions."""
+def decoder_work(sentences: list[str], options: dict, max_positions: int, prefixes: list[str] | None = None) -> int:
+    """An upper bound on the decoder tokens a request can cost: for each sentence, hypotheses (the beam or
+    samples, 1 when greedy) x its length limit a x length + b (at least its prefix's), with `token_bound` as
+    a length, and no limit beyond the model's positions."""
     hypotheses = 1 if options["greedy"] else options["beam"]
     cap = max_positions - 1
-    return sum(hypotheses * min(int(options["max_len_a"] * token_bound(s) + options["max_len_b"]) + 1, cap)
-               for s in sentences)
+    prefixes = prefixes or [""] * len(sentences)
+    return sum(hypotheses * min(max(int(options["max_len_a"] * token_bound(s) + options["max_len_b"]),
+                                    token_bound(p) if p else 0) + 1, cap)
+               for s, p in zip(sentences, prefixes))
 
 
 class HTTPError(Exception):

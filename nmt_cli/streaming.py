@@ -14,6 +14,7 @@ from rich.console import Console
 
 from .errors import NmtError
 from .pipeline import TextTranslator
+from .sampling import Sampling
 from .textio import atomic_path, read_lines, stdin_lines
 
 
@@ -62,6 +63,46 @@ def check_alignment_request(nbest: int, alignments: bool, alignments_out: Path |
         raise NmtError("--alignments prints one translation per line: drop --nbest")
     if alignments and alignments_out is not None:
         raise NmtError("--alignments appends them to each line, --alignments-out writes them apart: choose one")
+
+
+def sampling_of(sampling: bool, beam: int | None, topk: int | None, topp: float | None,
+                temperature: float | None, seed: int | None) -> Sampling | None:
+    """translate's sampling flags as one `Sampling` (None without --sampling); one line for flags that do not
+    go together."""
+    given = [flag for flag, value in (("--topk", topk), ("--topp", topp), ("--temperature", temperature),
+                                      ("--seed", seed)) if value is not None]
+    if not sampling:
+        if given:
+            raise NmtError(f"{given[0]} shapes what --sampling draws from: add --sampling")
+        return None
+    if beam is not None:
+        raise NmtError("--sampling draws without a beam: drop --beam (--nbest sets the samples per line)")
+    draws = Sampling(topk=topk or 0, topp=1.0 if topp is None else topp,
+                     temperature=1.0 if temperature is None else temperature, seed=seed or 0)
+    draws.check()
+    return draws
+
+
+def read_steering(input: Path | None, prefix: Path | None, constraints: Path | None) -> dict:
+    """translate's `prefixes` and `constraints` options from their files (one line per input line;
+    constraints tab-separated), checked against --input's line count."""
+    steering: dict = {}
+    if prefix is None and constraints is None:
+        return steering
+    if input is None:
+        raise NmtError(f"{'--prefix' if prefix is not None else '--constraints'} pairs its lines with the input's: "
+                       "give --input FILE")
+    count = len(read_lines(input))
+    for flag, path in (("prefixes", prefix), ("constraints", constraints)):
+        if path is None:
+            continue
+        lines = read_lines(path)
+        if len(lines) != count:
+            raise NmtError(f"{path}: {len(lines):,} lines, but {input} has {count:,}: give one line per input line "
+                           "(an empty one for none)")
+        steering[flag] = lines if flag == "prefixes" else [line.split("\t") if line.strip() else [] for line in lines]
+    steering["where"] = (str(prefix), str(constraints))
+    return steering
 
 
 def translate_lines(translator: TextTranslator, options: dict, input: Path | None, output: Path | None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -16,8 +17,10 @@ from .errors import NmtError
 from .model import Transformer
 from .pipeline import Hyp, TextTranslator, default_workers, stored_decoding
 from .precision import PRECISIONS, resolve_precision
-from .search import EnsembleModel, Hypothesis, beam_search, greedy_search
+from .sampling import Sampling
+from .search import EnsembleModel, beam_search, greedy_search, sample_search
 from .segment import Segmenter, segmenter_of
+from .steering import Steering
 from .vocab import Vocabulary
 
 
@@ -113,8 +116,8 @@ class Translator(TextTranslator):
     def start_worker(self) -> None:
         torch.set_num_threads(self.threads_per_worker)  # this thread's count (OpenMP keeps one per thread)
 
-    def map_batches(self, search: Callable[[list[int]], list[list[Hyp]]],
-                    jobs: list[list[int]]) -> Iterator[tuple[list[int], list[list[Hyp]]]]:
+    def map_batches(self, search: Callable[[list[int]], Any],
+                    jobs: list[list[int]]) -> Iterator[tuple[list[int], Any]]:
         threads = torch.get_num_threads()
         try:
             yield from super().map_batches(search, jobs)
@@ -150,18 +153,26 @@ class Translator(TextTranslator):
         return torch.autocast(device_type=self.device.type, dtype=PRECISIONS[self.precision])
 
     def search(self, sources: list[list[int]], beam: int, lenpen: float, max_len_a: float, max_len_b: int,
-               greedy: bool, nbest: int) -> list[list[Hyp]]:
+               greedy: bool, nbest: int, sampling: Sampling | None = None, no_repeat_ngram: int = 0,
+               prefixes: list[list[int]] | None = None, constraints: list[list[list[int]]] | None = None,
+               unmet: list[int] | None = None) -> list[list[Hyp]]:
         vocab = self.vocab
         src = torch.full((len(sources), max(map(len, sources)) + 1), vocab.pad, dtype=torch.long)
         for r, ids in enumerate(sources):
             src[r, : len(ids)] = torch.tensor(ids)
             src[r, len(ids)] = vocab.eos
         src = src.to(self.device)
+        steering = Steering(no_repeat_ngram, prefixes) if no_repeat_ngram or prefixes else None
         with self._autocast():
-            if greedy:
-                hyps: list[list[Hypothesis]] = [[h] for h in greedy_search(
-                    self.ensemble, src, vocab.bos, vocab.eos, max_len_a, max_len_b)]
+            if sampling is not None:
+                hyps = sample_search(self.ensemble, src, vocab.bos, vocab.eos, sampling, nbest,
+                                     [sampling.sentence_seed(ids) for ids in sources], max_len_a, max_len_b, steering)
+            elif greedy:
+                hyps = [[h] for h in greedy_search(self.ensemble, src, vocab.bos, vocab.eos, max_len_a, max_len_b,
+                                                   steering)]
             else:
                 hyps = beam_search(self.ensemble, src, vocab.bos, vocab.eos, beam, lenpen, max_len_a, max_len_b,
-                                   nbest)
+                                   nbest, steering=steering, constraints=constraints)
+        if unmet is not None:
+            unmet.extend(r for r, sentence_hyps in enumerate(hyps) if not sentence_hyps[0].complete)
         return [[(h.tokens, h.score) for h in sentence_hyps] for sentence_hyps in hyps]

@@ -1,0 +1,232 @@
+"""Sampling, no-repeat n-grams, forced prefixes and lexical constraints: each checked by an equivalence
+(top-k 1 and a cold temperature are greedy search; a seed samples alike in any batch; an empty prefix or no
+constraint changes nothing) or by counting (sample frequencies against the model's probabilities, phrases
+present, no bigram twice), through the Python API, the command line and the server."""
+
+from __future__ import annotations
+
+import gzip
+import math
+import random
+from collections import Counter
+
+import pytest
+import torch
+
+from nmt_cli.sampling import Sampling
+from nmt_cli.search import sample_search
+from nmt_cli.translate import Translator
+
+from .conftest import expect_error, run_cli, shared_data
+
+SHORT = dict(max_len_b=20)  # the briefly trained model loops: keep its outputs short
+
+
+@pytest.fixture(scope="module")
+def translator(multi30k_tiny) -> Translator:
+    return Translator.from_checkpoint(multi30k_tiny[0], workers=1)
+
+
+@pytest.fixture(scope="module")
+def val(multi30k_tiny) -> tuple[list[str], list[str]]:
+    root = multi30k_tiny[1]
+    return ((root / "val.en").read_text(encoding="utf-8").splitlines(),
+            (root / "val.de").read_text(encoding="utf-8").splitlines())
+
+
+def output_ids(translator: Translator, lines: list[str], **options) -> list[list[int]]:
+    ids: list = []
+    translator.translate_nbest(lines, ids_out=ids, **options)
+    return [out for _, out in ids]
+
+
+def repeats_a_bigram(ids: list[int]) -> bool:
+    bigrams = list(zip(ids, ids[1:]))
+    return len(bigrams) != len(set(bigrams))
+
+
+def test_top_k_1_and_a_cold_temperature_are_greedy_and_a_seed_samples_alike_in_any_batch(translator, val):
+    lines = val[0][:24]
+    greedy = translator.translate_nbest(lines, greedy=True, **SHORT)
+    for sampling in (Sampling(topk=1, seed=4), Sampling(temperature=1e-4, seed=5)):
+        sampled = translator.translate_nbest(lines, sampling=sampling, **SHORT)
+        assert [r[0][0] for r in sampled] == [r[0][0] for r in greedy]
+        assert [r[0][1] for r in sampled] == pytest.approx([r[0][1] for r in greedy], abs=1e-3)
+
+    batched = translator.translate_nbest(lines, sampling=Sampling(seed=7), nbest=3, **SHORT)
+    alone = [translator.translate_nbest([line], sampling=Sampling(seed=7), nbest=3, **SHORT)[0] for line in lines]
+    assert [[t for t, _ in r] for r in batched] == [[t for t, _ in r] for r in alone]
+    assert [s for r in batched for _, s in r] == pytest.approx([s for r in alone for _, s in r], abs=1e-3)
+    # Draws differ: between the samples of a line, and from another seed's.
+    assert sum(len(set(t for t, _ in r)) == 3 for r in batched) >= 20
+    other = translator.translate_nbest(lines, sampling=Sampling(seed=8), nbest=3, **SHORT)
+    assert sum(a[0][0] != b[0][0] for a, b in zip(batched, other)) >= 20
+
+
+def chi_squared(counts: Counter, probs: torch.Tensor, draws: int) -> tuple[float, int]:
+    """Pearson's statistic of `counts` against `probs`, tokens expected fewer than 5 times pooled; and its
+    degrees of freedom."""
+    expected = probs * draws
+    big = (expected >= 5).nonzero().squeeze(1).tolist()
+    stat = sum((counts.get(t, 0) - expected[t].item()) ** 2 / expected[t].item() for t in big)
+    rest_expected = draws - sum(expected[t].item() for t in big)
+    rest = draws - sum(counts.get(t, 0) for t in big)
+    if rest_expected >= 5:
+        stat += (rest - rest_expected) ** 2 / rest_expected
+        return stat, len(big)
+    return stat, len(big) - 1
+
+
+def test_sample_frequencies_match_the_models_probabilities(translator, val):
+    """4,000 draws of one sentence's first token, plain, tempered and truncated, against the distribution
+    each should follow (Pearson's chi-squared, 6 standard deviations above its mean: a draw that ignored
+    the temperature or the truncation is hundreds of deviations off)."""
+    vocab, ensemble, draws = translator.vocab, translator.ensemble, 4000
+    ids = translator.encode([val[0][3]])[0]
+    src = torch.tensor([ids + [vocab.eos]])
+    with torch.inference_mode():
+        states = ensemble.start(src, 1, 2)
+        log_probs = ensemble.log_probs(torch.tensor([vocab.bos]), states, vocab.bos)[0]
+        ensemble.release(states)
+    sorted_probs, order = log_probs.softmax(-1).sort(descending=True)
+    nucleus = order[: int((sorted_probs.cumsum(0) - sorted_probs < 0.95).sum())]
+    for sampling, expected in (
+            (Sampling(seed=1), log_probs.softmax(-1)),
+            (Sampling(temperature=2.0, seed=2), (log_probs / 2).softmax(-1)),
+            (Sampling(topk=5, seed=3), torch.zeros_like(log_probs).index_put_(
+                (order[:5],), sorted_probs[:5] / sorted_probs[:5].sum())),
+            (Sampling(topp=0.95, seed=4), torch.zeros_like(log_probs).index_put_(
+                (nucleus,), log_probs.softmax(-1)[nucleus] / log_probs.softmax(-1)[nucleus].sum()))):
+        hyps = sample_search(ensemble, src, vocab.bos, vocab.eos, sampling, draws, max_len_a=0, max_len_b=1)[0]
+        first = Counter(h.tokens[0] if h.tokens else vocab.eos for h in hyps)
+        assert set(first) <= set(expected.nonzero().squeeze(1).tolist()), sampling
+        stat, df = chi_squared(first, expected, draws)
+        assert df >= 2, sampling  # enough distinct tokens for the test to mean something
+        assert stat < df + 6 * math.sqrt(2 * df), (sampling, stat, df)
+
+
+def test_no_repeat_ngram_removes_every_repeated_bigram_and_leaves_other_lines_alone(translator, val):
+    lines = val[0][:30]
+    plain = output_ids(translator, lines, greedy=True, **SHORT)
+    looping = [i for i, ids in enumerate(plain) if repeats_a_bigram(ids)]
+    assert len(looping) >= 10  # the briefly trained model loops on most lines
+    for options in (dict(greedy=True), dict(beam=4), dict(sampling=Sampling(seed=1))):
+        banned = output_ids(translator, lines, no_repeat_ngram=2, **options, **SHORT)
+        assert not any(repeats_a_bigram(ids) for ids in banned), options
+        if options.get("greedy"):  # greedy's choices on a line without repeats are never banned
+            assert all(b == p for b, p, i in zip(banned, plain, range(len(lines))) if i not in looping)
+    trigram = output_ids(translator, lines, greedy=True, no_repeat_ngram=3, **SHORT)
+    assert not any(len(set(zip(t, t[1:], t[2:]))) != len(t) - 2 for t in trigram if len(t) > 2)
+
+
+def test_every_output_starts_with_its_prefix_and_an_empty_prefix_is_none(translator, val):
+    lines, refs = val[0][:20], val[1][:20]
+    prefixes = [" ".join(ref.split()[:2]) if i % 3 else "" for i, ref in enumerate(refs)]
+    for options in (dict(greedy=True), dict(beam=4), dict(sampling=Sampling(seed=2))):
+        outputs = translator.translate(lines, prefixes=prefixes, **options, **SHORT)
+        plain = translator.translate(lines, **options, **SHORT)
+        for prefix, output, without in zip(prefixes, outputs, plain):
+            if prefix:
+                forced = translator.decode(translator.vocab.encode(translator.segmenter.segment(prefix, "de")))
+                assert output.startswith(forced), (prefix, output)
+            else:
+                assert output == without
+        assert translator.translate(lines, prefixes=[""] * len(lines), **options, **SHORT) == plain
+    # A prefix longer than the length limit is kept whole: the limit gives way.
+    long_prefix = "Ein Mann mit einem roten Hut und einer blauen Jacke steht auf der Straße"
+    out = translator.translate(["A man."], prefixes=[long_prefix], max_len_a=0, max_len_b=2)[0]
+    assert out.startswith(long_prefix)
+
+
+def flickr_test(n: int) -> tuple[list[str], list[str]]:
+    folder = shared_data("multi30k")
+    with gzip.open(folder / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as en, \
+            gzip.open(folder / "test_2016_flickr.de.gz", "rt", encoding="utf-8") as de:
+        return [next(en).rstrip("\n") for _ in range(n)], [next(de).rstrip("\n") for _ in range(n)]
+
+
+def reference_phrases(reference: str, rng: random.Random) -> list[str]:
+    """1-2 phrases of 1-3 consecutive words of a reference (words of letters only)."""
+    words = reference.split()
+    phrases = []
+    for _ in range(rng.randint(1, 2)):
+        length = rng.randint(1, 3)
+        starts = [i for i in range(len(words) - length + 1) if all(w.isalpha() for w in words[i : i + length])]
+        if starts:
+            start = rng.choice(starts)
+            phrases.append(" ".join(words[start : start + length]))
+    return phrases
+
+
+def test_constraints_appear_in_every_output_and_other_lines_decode_as_without_them(translator):
+    import sacrebleu
+
+    sources, refs = flickr_test(200)
+    rng = random.Random(5)
+    constraints = [reference_phrases(ref, rng) if i % 4 else [] for i, ref in enumerate(refs)]
+    options = dict(beam=4, max_len_b=10)
+    plain = translator.translate_nbest(sources, **options)
+    constrained = translator.translate_nbest(sources, constraints=constraints, **options)
+    assert translator.unmet == [] and translator.warnings == []
+    met = [phrase in out[0][0] for phrases, out in zip(constraints, constrained) for phrase in phrases]
+    assert len(met) >= 150 and all(met), f"{sum(met)} of {len(met)} phrases present"
+    assert all(c == p for c, p, phrases in zip(constrained, plain, constraints) if not phrases)
+    bleu = [sacrebleu.corpus_bleu([r[0][0] for r in run], [refs]).score for run in (plain, constrained)]
+    print(f"BLEU on 200 test_2016_flickr lines: plain {bleu[0]:.1f}, with reference phrases {bleu[1]:.1f}")
+    assert bleu[1] > bleu[0]
+
+    # Phrases that cannot all fit in the length limit: the best hypothesis found, and a warning naming the line.
+    outputs = translator.translate(["A dog.", "A man."], constraints=[[], ["Hund", "eine Frau", "Straße"]],
+                                   max_len_a=0, max_len_b=3)
+    assert outputs[1] and translator.warnings == [
+        "line 2: its constraints could not all be met within the length limit; translated with the best "
+        "hypothesis found"]
+    translator.warnings.clear()
+    translator.unmet.clear()
+
+
+def test_the_command_line_samples_prefixes_and_constrains_and_refuses_bad_input_in_one_line(multi30k_tiny, val,
+                                                                                            tmp_path):
+    model = multi30k_tiny[0]
+    lines = val[0][:6]
+    (tmp_path / "in.en").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp_path / "prefix.de").write_text("Ein Mann\n\n\nZwei Frauen\n\n\n", encoding="utf-8")
+    (tmp_path / "phrases.tsv").write_text("Hund\n\nrote Jacke\tStraße\n\n\n\n", encoding="utf-8")
+    translator = Translator.from_checkpoint(model, workers=1)
+
+    def run(*flags: str) -> list[str]:
+        result = run_cli("translate", "-m", model, "-i", tmp_path / "in.en", "--max-len-b", "20", *flags)
+        assert result.exit_code == 0, result.output
+        return result.stdout.splitlines()
+
+    assert run("--sampling", "--seed", "3", "--topp", "0.9") == translator.translate(
+        lines, sampling=Sampling(topp=0.9, seed=3), **SHORT)
+    assert len(run("--sampling", "--nbest", "3")) == 18
+    prefixes = (tmp_path / "prefix.de").read_text(encoding="utf-8").splitlines()
+    assert run("--prefix", tmp_path / "prefix.de") == translator.translate(lines, prefixes=prefixes, **SHORT)
+    constrained = run("--constraints", tmp_path / "phrases.tsv", "--beam", "4")
+    assert "Hund" in constrained[0] and "rote Jacke" in constrained[2] and "Straße" in constrained[2]
+    assert run("--no-repeat-ngram-size", "2") == translator.translate(lines, no_repeat_ngram=2, **SHORT)
+
+    out = tmp_path / "out.de"
+    (tmp_path / "short.tsv").write_text("Hund\n", encoding="utf-8")
+    (tmp_path / "empty.tsv").write_text("\nHund\t\n\n\n\n\n", encoding="utf-8")
+    (tmp_path / "long.tsv").write_text("\n\nein Mann mit einem roten Hut\n\n\n\n", encoding="utf-8")
+    for flags, fragments in (
+            (["--prefix", tmp_path / "short.tsv"], ["short.tsv: 1 lines", "has 6"]),
+            (["--constraints", tmp_path / "empty.tsv"], ["empty.tsv:2: constraint 2 is empty"]),
+            (["--constraints", tmp_path / "long.tsv", "--max-len-a", "0", "--max-len-b", "3"],
+             ["long.tsv:3: constraint 1 has", "length limit of 3"]),
+            (["--sampling", "--topp", "0"], ["--topp must be in (0, 1]"]),
+            (["--sampling", "--topp", "1.5"], ["--topp"]),
+            (["--sampling", "--temperature", "0"], ["--temperature"]),
+            (["--sampling", "--topk", "-1"], ["--topk"]),
+            (["--sampling", "--beam", "4"], ["drop --beam"]),
+            (["--sampling", "--greedy"], ["choose one"]),
+            (["--topk", "5"], ["add --sampling"]),
+            (["--constraints", tmp_path / "phrases.tsv", "--sampling"], ["--constraints needs beam search"]),
+            (["--no-repeat-ngram", "-1"], ["--no-repeat-ngram"])):
+        expect_error(run_cli("translate", "-m", model, "-i", tmp_path / "in.en", "-o", out, *flags), *fragments)
+        assert not out.exists()
+    expect_error(run_cli("translate", "-m", model, "--prefix", tmp_path / "prefix.de", input="A man.\n"),
+                 "--prefix pairs its lines with the input's")
