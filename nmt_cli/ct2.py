@@ -242,8 +242,8 @@ class CTranslate2Translator(TextTranslator):
         todo = list(range(len(sources)))
         longest = max(limits)
         if sampling is not None:
-            # CTranslate2 draws from its own generator, seeded here per batch: repeatable for the same batches.
-            _ctranslate2().set_random_seed(sampling.seed)
+            # CTranslate2 draws from generators of its own threads, which a seed set from Python does not reach:
+            # its samples do not repeat (nmt's own engine's do).
             extra["sampling"] = sampling
         if not self.per_sentence_limits:
             self._translate(sources, todo, longest, beam, lenpen, greedy, nbest, out, **extra)

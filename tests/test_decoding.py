@@ -230,3 +230,62 @@ def test_the_command_line_samples_prefixes_and_constrains_and_refuses_bad_input_
         assert not out.exists()
     expect_error(run_cli("translate", "-m", model, "--prefix", tmp_path / "prefix.de", input="A man.\n"),
                  "--prefix pairs its lines with the input's")
+
+
+def test_the_server_samples_prefixes_and_constrains_per_request_and_refuses_bad_fields(translator, val):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from nmt_cli.serve_batching import ServeLimits
+
+    from .test_serve import Server
+
+    lines = val[0][:8]
+    phrases = [["Hund"], [], ["eine Frau", "Straße"], [], [], ["Mann"], [], []]
+    prefixes = ["Ein Mann", "", "", "Zwei", "", "", "", ""]
+    requests = [
+        ({"text": lines[:4], "sampling": True, "seed": 9, "nbest": 2, "max_len_b": 20},
+         translator.translate_nbest(lines[:4], sampling=Sampling(seed=9), nbest=2, **SHORT)),
+        ({"text": lines, "prefix": prefixes, "max_len_b": 20, "no_repeat_ngram": 2},
+         translator.translate_nbest(lines, prefixes=prefixes, no_repeat_ngram=2, **SHORT)),
+        ({"text": lines, "constraints": phrases, "max_len_b": 20, "no_repeat_ngram": 2},
+         translator.translate_nbest(lines, constraints=phrases, no_repeat_ngram=2, **SHORT)),
+        ({"text": lines[2], "constraints": phrases[2], "max_len_b": 20},
+         translator.translate_nbest([lines[2]], constraints=[phrases[2]], **SHORT))]
+    too_long = " ".join(["Mann"] * 60)
+    with Server(translator, ServeLimits(batch_wait_ms=300)) as server:
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(server.post, [body for body, _ in requests]))
+        for (body, expected), (status, answer) in zip(requests, answers):
+            assert status == 200, answer
+            if body.get("nbest", 1) > 1:
+                assert answer["translations"] == [[t for t, _ in r] for r in expected]
+            elif isinstance(body["text"], str):
+                assert answer["translations"] == expected[0][0][0]
+            else:
+                assert answer["translations"] == [r[0][0] for r in expected]
+        # A request whose constraint cannot be honoured fails alone, in the batch it shared with a good one.
+        good = {"text": lines[:2], "constraints": [["Hund"], []], "max_len_b": 20}
+        bad = {"text": lines[:2], "constraints": [[], [too_long]], "max_len_b": 20}
+        with ThreadPoolExecutor(2) as pool:
+            (good_status, good_answer), (bad_status, bad_answer) = pool.map(server.post, [good, bad])
+        assert good_status == 200 and "Hund" in good_answer["translations"][0]
+        assert bad_status == 422 and bad_answer["error"].startswith("constraints[1]: constraint 1 has 60 tokens")
+        status, answer = server.post({"text": ["A man.", "A dog."], "constraints": [[], ["Hund", "eine Frau"]],
+                                      "max_len_a": 0, "max_len_b": 2})
+        assert status == 200 and answer["warnings"] == [
+            "text[1]: its constraints could not all be met within the length limit; translated with the best "
+            "hypothesis found"]
+        for body, status, fragment in (
+                ({"text": ["a"], "sampling": True, "topp": 0}, 422, "topp must be in (0, 1]"),
+                ({"text": ["a"], "sampling": True, "temperature": 0}, 422, "temperature"),
+                ({"text": ["a"], "sampling": True, "beam": 4}, 422, "drop \"beam\""),
+                ({"text": ["a"], "topk": 4}, 422, "add \"sampling\""),
+                ({"text": ["a"], "sampling": True, "seed": -1}, 422, "\"seed\" must be between"),
+                ({"text": ["a", "b"], "prefix": ["x"]}, 422, "\"prefix\" has 1 items for 2 sentences"),
+                ({"text": ["a"], "constraints": [["x", " "]]}, 422, "constraints[0][1] is empty"),
+                ({"text": ["a"], "constraints": ["x"]}, 422, "\"constraints\"[0] must be a list of strings"),
+                ({"text": ["a"], "constraints": [["x"] * 17]}, 413, "at most 16"),
+                ({"text": ["a"], "constraints": [["x"]], "sampling": True}, 422, "constraints needs beam search"),
+                ({"text": ["a"], "no_repeat_ngram": -2}, 422, "\"no_repeat_ngram\" must be between")):
+            got, answer = server.post(body)
+            assert got == status and fragment in answer["error"], (body, answer)

@@ -267,3 +267,28 @@ def test_the_export_keeps_the_model_files_decoding_settings(toy_model, tmp_path)
     assert json.loads((folder / "nmt.json").read_text())["decoding"] == {"beam": 2, "lenpen": 1.5,
                                                                        "chosen": "chosen on val"}
     assert CTranslate2Translator.from_dir(folder).search_settings() == (2, 1.5)
+
+
+def test_ctranslate2_samples_prefixes_and_bans_repeats_and_refuses_constraints_in_one_line(exported, val,
+                                                                                           tmp_path):
+    from nmt_cli.sampling import Sampling
+
+    ct = CTranslate2Translator.from_dir(exported["float32"])
+    lines, short = val[0][:16], dict(max_len_b=20)
+    greedy = ct.translate(lines, greedy=True, **short)
+    assert ct.translate(lines, sampling=Sampling(topk=1), **short) == greedy
+    drawn = ct.translate_nbest(lines, sampling=Sampling(seed=3), nbest=2, **short)  # not repeatable: its own RNG
+    assert sum(r[0][0] != g for r, g in zip(drawn, greedy)) >= 8 and all(len(r) == 2 for r in drawn)
+    ids: list = []
+    ct.translate_nbest(lines, greedy=True, no_repeat_ngram=2, ids_out=ids, **short)
+    assert all(len(set(zip(out, out[1:]))) == len(out) - 1 for _, out in ids if out)
+    prefixes = ["Ein Mann" if i % 2 else "" for i in range(len(lines))]
+    for output, prefix, plain in zip(ct.translate(lines, prefixes=prefixes, **short), prefixes,
+                                     ct.translate(lines, **short)):
+        assert output.startswith(prefix) if prefix else output == plain
+    with pytest.raises(Exception, match="CTranslate2 has no lexical constraints"):
+        ct.translate(lines[:1], constraints=[["Hund"]])
+    (tmp_path / "in.en").write_text("A dog.\n", encoding="utf-8")
+    (tmp_path / "c.tsv").write_text("Hund\n", encoding="utf-8")
+    expect_error(run_cli("translate", "-m", exported["float32"], "-i", tmp_path / "in.en", "--constraints",
+                         tmp_path / "c.tsv"), "CTranslate2 has no lexical constraints")
