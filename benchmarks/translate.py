@@ -7,6 +7,12 @@ Each engine runs in a fresh process of its own, each configuration `--repeat` ti
 warm-up); the table gives the first run, which includes one-time costs such as oneDNN compiling its
 kernels, and the best run. Also checks that odd input sizes (461, 1071 lines) come back whole.
 
+Then the decoding options, each next to plain beam 4 on the same model and lines (batch 64, default
+workers): sampling (whole distribution, and top-k 10), no repeated trigrams, a forced prefix (each
+reference's first two words) and lexical constraints (1-2 phrases of 1-3 words from each reference), with
+sent/s, the ratio to plain beam 4, and BLEU against the references; with `--exported`, CTranslate2's rows for
+the options it has.
+
 Then whole processes, as a user runs them: start-up (`import torch` alone, and one line through
 `nmt translate`, median of 3) and `nmt translate -i FILE -o OUT` over all 1,000 sentences (sent/s of the
 whole process, start-up included; with its default workers, and with one). With `--exported DIR` (from
@@ -14,7 +20,7 @@ whole process, start-up included; with its default workers, and with one). With 
 text pipeline and batching.
 
     python benchmarks/translate.py [--model exp/multi30k/model.pt] [--repeat 2] [--exported DIR]
-                                   [--whole-only | --decode-only]
+                                   [--whole-only | --decode-only | --options-only]
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ def main() -> list[list]:
     parser.add_argument("--exported", help="an `nmt export ctranslate2` folder of the same model")
     parser.add_argument("--whole-only", action="store_true", help="only the whole-process table")
     parser.add_argument("--decode-only", action="store_true", help="only the in-process (search) table")
+    parser.add_argument("--options-only", action="store_true", help="only the decoding options' table")
     parser.add_argument("--engine-rows", help=argparse.SUPPRESS)  # internal: one engine's rows, as JSON
     args = parser.parse_args()
     if not Path(args.model).exists():
@@ -51,6 +58,8 @@ def main() -> list[list]:
     from nmt_cli.translate import Translator
 
     sources = flickr_test_sources()
+    if args.options_only:
+        return decoding_options(args)
     if not args.decode_only:
         whole_process(args, sources)
     if args.whole_only:
@@ -72,6 +81,73 @@ def main() -> list[list]:
                 f"{torch.get_num_threads()} threads)",
                 ["search", "batch", "precision", "workers", "sentences", "sent/s (first run)", "sent/s (best)",
                  "tgt tok/s (best)"], rows)
+    if not args.decode_only:
+        decoding_options(args)
+    return rows
+
+
+def reference_phrases(reference: str, rng) -> list[str]:
+    """1-2 phrases of 1-3 consecutive words of a reference (words of letters only), as a user who knows some of
+    the right terms would give them."""
+    words, phrases = reference.split(), []
+    for _ in range(rng.randint(1, 2)):
+        length = rng.randint(1, 3)
+        starts = [i for i in range(len(words) - length + 1) if all(w.isalpha() for w in words[i : i + length])]
+        if starts:
+            start = rng.choice(starts)
+            phrases.append(" ".join(words[start : start + length]))
+    return phrases
+
+
+def decoding_options(args) -> list[list]:
+    """Sampling, no-repeat n-grams, prefixes and constraints next to plain beam 4: sent/s and BLEU."""
+    import random
+
+    import sacrebleu
+    from common import require_multi30k
+
+    from nmt_cli.sampling import Sampling
+    from nmt_cli.textio import read_lines
+    from nmt_cli.translate import Translator
+
+    sources = flickr_test_sources()
+    data = require_multi30k()
+    refs = read_lines(data / "test_2016_flickr.de.gz" if (data / "test_2016_flickr.de.gz").exists()
+                      else data / "test_2016_flickr.de")
+    rng = random.Random(5)
+    options = {
+        "beam 4": {},
+        "sampling": dict(sampling=Sampling(seed=1)),
+        "sampling, top-k 10": dict(sampling=Sampling(topk=10, seed=1)),
+        "beam 4, no repeated trigram": dict(no_repeat_ngram=3),
+        "beam 4, prefix (2 reference words)": dict(prefixes=[" ".join(r.split()[:2]) for r in refs]),
+        "beam 4, constraints (1-2 reference phrases)": dict(constraints=[reference_phrases(r, rng) for r in refs]),
+    }
+    engines = [("nmt fp32", Translator.from_checkpoint(args.model, device="cpu"))]
+    if args.exported:
+        from nmt_cli.ct2 import CTranslate2Translator
+
+        engines.append(("ctranslate2", CTranslate2Translator.from_dir(args.exported)))
+    rows = []
+    for name, translator in engines:
+        translator.translate(sources[:64])  # warm-up
+        plain = None
+        for label, extra in options.items():
+            if "constraints" in extra and translator.constraints_refusal:
+                continue
+            runs = []
+            for _ in range(max(1, args.repeat)):
+                start = time.perf_counter()
+                out = translator.translate(sources, **({} if "sampling" in extra else {"beam": 4}), **extra)
+                runs.append(time.perf_counter() - start)
+            translator.warnings.clear()
+            translator.unmet.clear()
+            rate = len(sources) / min(runs)
+            plain = plain or rate
+            bleu = sacrebleu.corpus_bleu(out, [refs]).score
+            rows.append([name, label, len(sources), round(rate, 1), f"{plain / rate:.2f}x", round(bleu, 1)])
+    print_table(f"translate options: Multi30k test_2016_flickr, small model, batch 64, CPU ({machine()})",
+                ["engine", "decoding", "sentences", "sent/s (best)", "time vs beam 4", "BLEU"], rows)
     return rows
 
 
