@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 TRAINING_KERNEL_CACHE = 128  # variable (batch x length) shapes: 256 held ~190 MB more at the same speed
 DECODING_KERNEL_CACHE = 4096  # beam search's shrinking row counts cycle through ~500 shapes; 256 thrashes (-15%)
 # A server meets many more (batch x length x beam) shapes than a file, so it keeps fewer, for bfloat16 (its
-# float32 products do not use oneDNN: ops.keep_float32_off_onednn); docs/benchmarks.md, "Serving soak".
+# float32 products do not use oneDNN: ops.serving_products); docs/benchmarks.md, "Serving soak".
 SERVING_KERNEL_CACHE = 1024
 
 

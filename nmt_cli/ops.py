@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import math
 import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -41,28 +44,31 @@ ONEDNN_BF16 = _ONEDNN_LINEAR and _onednn_runs_bf16()
 _ONEDNN_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16) if ONEDNN_BF16 else (torch.float32,)
 
 
-def keep_float32_off_onednn() -> None:
-    """From now on, in this process, run float32 products through MKL (F.linear) instead of oneDNN.
-
-    For servers. oneDNN compiles a kernel per (rows x in x out) shape and keeps memory for every one it made,
-    beyond its cache's eviction (measured: ~530 MB more after 200 random batches, still rising after 600, with
-    a 64-kernel cache too); MKL keeps none. A file's batches repeat a few shapes; a server's requests bring new
-    ones for as long as it runs. bfloat16 stays on oneDNN: F.linear takes it there anyway."""
-    global _ONEDNN_DTYPES
-    _ONEDNN_DTYPES = tuple(d for d in _ONEDNN_DTYPES if d != torch.float32)
+class _Products(threading.local):
+    float32_on_onednn = True
+    bounded_rows = False
 
 
-_BOUNDED_ROWS = False
+_PRODUCTS = _Products()  # per thread: a server's translator thread sets its own (`serving_products`)
 
 
-def bound_onednn_row_counts() -> None:
-    """From now on, in this process, pad the rows of every oneDNN product to a bucket (`bucket_rows`: 72 up to 16,384).
+@contextmanager
+def serving_products() -> Iterator[None]:
+    """Products for a server, on this thread while the block runs (`nmt serve`'s batches run in one).
 
-    For servers that keep products on oneDNN (bfloat16). oneDNN keeps memory for every (rows x in x out) shape
-    it compiled a kernel for, and a server's requests bring new row counts for as long as it runs; with the rows
-    rounded up (under 1/8 more work above 64 rows), the shapes a weight meets are bounded, and so is that memory."""
-    global _BOUNDED_ROWS
-    _BOUNDED_ROWS = True
+    Float32 products run through MKL (F.linear) instead of oneDNN: oneDNN compiles a kernel per (rows x in x
+    out) shape and keeps memory for every one it made, beyond its cache's eviction (measured: ~530 MB more
+    after 200 random batches, still rising after 600, with a 64-kernel cache too); MKL keeps none. A file's
+    batches repeat a few shapes; a server's requests bring new ones for as long as it runs. bfloat16 stays on
+    oneDNN (F.linear takes it there anyway) with the rows of every product padded to a bucket (`bucket_rows`:
+    72 up to 16,384), so that the shapes a weight meets are bounded (under 1/8 more work above 64 rows), and
+    so is that memory."""
+    saved = _PRODUCTS.float32_on_onednn, _PRODUCTS.bounded_rows
+    _PRODUCTS.float32_on_onednn, _PRODUCTS.bounded_rows = False, True
+    try:
+        yield
+    finally:
+        _PRODUCTS.float32_on_onednn, _PRODUCTS.bounded_rows = saved
 
 
 def bucket_rows(rows: int) -> int:
@@ -76,7 +82,7 @@ def bucket_rows(rows: int) -> int:
 
 def _onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None, relu: bool) -> Tensor:
     attr = "relu" if relu else "none"
-    if not _BOUNDED_ROWS:
+    if not _PRODUCTS.bounded_rows:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, attr, [], "")
     rows = x.numel() // x.shape[-1]
     padded = bucket_rows(rows)
@@ -122,6 +128,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, relu: bool = F
     oneDNN (the ReLU fused into the product, the weight from `packed` when given) when the product is large
     enough to gain (`ONEDNN_MIN_MACS`, `PACKED_MIN_MACS`). Results equal F.linear's up to rounding."""
     if (_ONEDNN_LINEAR and x.dtype in _ONEDNN_DTYPES and weight.dtype == x.dtype and x.device.type == "cpu"
+            and (x.dtype != torch.float32 or _PRODUCTS.float32_on_onednn)
             and x.numel() * weight.shape[0] >= (ONEDNN_MIN_MACS if packed is None else PACKED_MIN_MACS[x.dtype])
             and not torch.is_autocast_enabled("cpu")
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad

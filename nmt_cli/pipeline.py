@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -278,6 +279,11 @@ class TextTranslator:
 
     def start_worker(self) -> None:
         """Run on each search thread of `map_batches` before its first batch."""
+
+    def serving(self) -> AbstractContextManager:
+        """What a server's batches run under, on its translator thread (`ops.serving_products` for nmt's
+        engine: memory that stays level over the many shapes requests bring)."""
+        return nullcontext()
 
     def translate(self, sentences: Sequence[str], **options) -> list[str]:
         """The best translation of each sentence, in input order (see `translate_nbest` for options)."""

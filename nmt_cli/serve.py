@@ -219,11 +219,6 @@ def serve_model(models: list[Path], host: str, port: int, limits: ServeLimits, d
     if on_loaded is not None:
         on_loaded()
     runs_on = "ctranslate2" if isinstance(translator, CTranslate2Translator) else "nmt"
-    if runs_on == "nmt":
-        from .ops import bound_onednn_row_counts, keep_float32_off_onednn
-
-        keep_float32_off_onednn()  # memory that stays level over the many shapes requests bring
-        bound_onednn_row_counts()  # and for bfloat16, which stays on oneDNN
     serve(translator, host, port, limits, runs_on, on_ready=lambda: console.print(
         f"serving {models[0]} ({runs_on}) on http://{host}:{port} (POST /translate, GET /health, GET /metrics"
         f"{'; API keys required' if api_keys else ''})", markup=False, highlight=False), executor=executor,

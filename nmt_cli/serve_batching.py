@@ -232,32 +232,8 @@ class Batcher:
         if any(job.constraints for job in batch):
             steering["constraints"] = [c for job in batch for c in (job.constraints or [[]] * job.size)]
         try:
-            ids: list | None = [] if aligning else None
-            try:
-                results = self.translator.translate_nbest(sentences, batch_size=self.limits.max_batch,
-                                                          max_tokens=self.limits.max_tokens, ids_out=ids,
-                                                          where=("prefix", "constraints"), **options, **steering)
-            except NmtError as e:
-                raise NmtError(re.sub(r"^(prefix|constraints):(\d+):",
-                                      lambda m: f"{m[1]}[{int(m[2]) - 1}]:", str(e))) from None
-            alignments = None
-            if aligning:
-                from .attention import format_alignments
-
-                pairs = self.translator.align(sentences, [r[0][0] for r in results], ids)  # type: ignore[attr-defined]
-                alignments = [format_alignments(p) for p in pairs]
-            out, first, limit = {}, 0, self.translator.max_positions - 2
-            for j, job in enumerate(batch):
-                mine = range(first + 1, first + job.size + 1)  # the job's lines, 1-based in the batch
-                warnings = [f"text[{line - first - 1}]: {tokens} tokens exceed the model's {limit}; translated "
-                            "truncated" for line, tokens in self.translator.truncated if line in mine]
-                warnings += [f"text[{line - first - 1}]: its constraints could not all be met within the length "
-                             "limit; translated with the best hypothesis found"
-                             for line in self.translator.unmet if line in mine]
-                out[j] = (results[first : first + job.size], warnings,
-                          alignments[first : first + job.size] if alignments else None)
-                first += job.size
-            return out
+            with self.translator.serving():
+                return self._search(batch, sentences, options, aligning, steering)
         finally:
             self.translator.warnings.clear()
             self.translator.truncated.clear()
@@ -269,3 +245,33 @@ class Batcher:
                 self._trimmed = time.monotonic()
             if self.metrics is not None:
                 self.metrics.generated(self.translator.generated_tokens - tokens_before)
+
+    def _search(self, batch: list[_Job], sentences: list[str], options: dict, aligning: bool,
+                steering: dict) -> dict[int, tuple]:
+        """The batch searched (and aligned): `_translate`'s answers."""
+        ids: list | None = [] if aligning else None
+        try:
+            results = self.translator.translate_nbest(sentences, batch_size=self.limits.max_batch,
+                                                      max_tokens=self.limits.max_tokens, ids_out=ids,
+                                                      where=("prefix", "constraints"), **options, **steering)
+        except NmtError as e:
+            raise NmtError(re.sub(r"^(prefix|constraints):(\d+):",
+                                  lambda m: f"{m[1]}[{int(m[2]) - 1}]:", str(e))) from None
+        alignments = None
+        if aligning:
+            from .attention import format_alignments
+
+            pairs = self.translator.align(sentences, [r[0][0] for r in results], ids)  # type: ignore[attr-defined]
+            alignments = [format_alignments(p) for p in pairs]
+        out, first, limit = {}, 0, self.translator.max_positions - 2
+        for j, job in enumerate(batch):
+            mine = range(first + 1, first + job.size + 1)  # the job's lines, 1-based in the batch
+            warnings = [f"text[{line - first - 1}]: {tokens} tokens exceed the model's {limit}; translated "
+                        "truncated" for line, tokens in self.translator.truncated if line in mine]
+            warnings += [f"text[{line - first - 1}]: its constraints could not all be met within the length "
+                         "limit; translated with the best hypothesis found"
+                         for line in self.translator.unmet if line in mine]
+            out[j] = (results[first : first + job.size], warnings,
+                      alignments[first : first + job.size] if alignments else None)
+            first += job.size
+        return out

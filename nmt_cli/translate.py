@@ -4,7 +4,7 @@ handling around the search is `pipeline.TextTranslator`'s."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +112,11 @@ class Translator(TextTranslator):
                                        by_character(self.target_lang))
             out.append(word_alignments(maps.weights["cross"][index], source_words, output_words))
         return out
+
+    def serving(self) -> AbstractContextManager:
+        from .ops import serving_products
+
+        return serving_products()
 
     def start_worker(self) -> None:
         torch.set_num_threads(self.threads_per_worker)  # this thread's count (OpenMP keeps one per thread)

@@ -17,7 +17,7 @@ from nmt_cli.sampling import Sampling
 from nmt_cli.search import sample_search
 from nmt_cli.translate import Translator
 
-from .conftest import expect_error, run_cli, shared_data
+from .conftest import expect_error, run_cli, shared_data, threshold
 
 SHORT = dict(max_len_b=20)  # the briefly trained model loops: keep its outputs short
 
@@ -58,9 +58,11 @@ def test_top_k_1_and_a_cold_temperature_are_greedy_and_a_seed_samples_alike_in_a
     assert [[t for t, _ in r] for r in batched] == [[t for t, _ in r] for r in alone]
     assert [s for r in batched for _, s in r] == pytest.approx([s for r in alone for _, s in r], abs=1e-3)
     # Draws differ: between the samples of a line, and from another seed's.
-    assert sum(len(set(t for t, _ in r)) == 3 for r in batched) >= 20
+    threshold("lines whose 3 samples all differ, of 24", sum(len(set(t for t, _ in r)) == 3 for r in batched),
+              low=16)
     other = translator.translate_nbest(lines, sampling=Sampling(seed=8), nbest=3, **SHORT)
-    assert sum(a[0][0] != b[0][0] for a, b in zip(batched, other)) >= 20
+    threshold("lines whose first sample another seed changes, of 24",
+              sum(a[0][0] != b[0][0] for a, b in zip(batched, other)), low=16)
 
 
 def chi_squared(counts: Counter, probs: torch.Tensor, draws: int) -> tuple[float, int]:
@@ -102,14 +104,14 @@ def test_sample_frequencies_match_the_models_probabilities(translator, val):
         assert set(first) <= set(expected.nonzero().squeeze(1).tolist()), sampling
         stat, df = chi_squared(first, expected, draws)
         assert df >= 2, sampling  # enough distinct tokens for the test to mean something
-        assert stat < df + 6 * math.sqrt(2 * df), (sampling, stat, df)
+        threshold(f"chi-squared deviations, {sampling}", (stat - df) / math.sqrt(2 * df), high=6)
 
 
 def test_no_repeat_ngram_removes_every_repeated_bigram_and_leaves_other_lines_alone(translator, val):
     lines = val[0][:30]
     plain = output_ids(translator, lines, greedy=True, **SHORT)
     looping = [i for i, ids in enumerate(plain) if repeats_a_bigram(ids)]
-    assert len(looping) >= 10  # the briefly trained model loops on most lines
+    threshold("greedy outputs that repeat a bigram, of 30", len(looping), low=10)  # the model loops
     for options in (dict(greedy=True), dict(beam=4), dict(sampling=Sampling(seed=1))):
         banned = output_ids(translator, lines, no_repeat_ngram=2, **options, **SHORT)
         assert not any(repeats_a_bigram(ids) for ids in banned), options
@@ -173,7 +175,7 @@ def test_constraints_appear_in_every_output_and_other_lines_decode_as_without_th
     assert all(c == p for c, p, phrases in zip(constrained, plain, constraints) if not phrases)
     bleu = [sacrebleu.corpus_bleu([r[0][0] for r in run], [refs]).score for run in (plain, constrained)]
     print(f"BLEU on 200 test_2016_flickr lines: plain {bleu[0]:.1f}, with reference phrases {bleu[1]:.1f}")
-    assert bleu[1] > bleu[0]
+    threshold("BLEU gained by reference phrases as constraints", bleu[1] - bleu[0], low=1.0)
 
     # Phrases that cannot all fit in the length limit: the best hypothesis found, and a warning naming the line.
     outputs = translator.translate(["A dog.", "A man."], constraints=[[], ["Hund", "eine Frau", "Straße"]],

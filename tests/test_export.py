@@ -278,7 +278,9 @@ def test_ctranslate2_samples_prefixes_and_bans_repeats_and_refuses_constraints_i
     greedy = ct.translate(lines, greedy=True, **short)
     assert ct.translate(lines, sampling=Sampling(topk=1), **short) == greedy
     drawn = ct.translate_nbest(lines, sampling=Sampling(seed=3), nbest=2, **short)  # not repeatable: its own RNG
-    assert sum(r[0][0] != g for r, g in zip(drawn, greedy)) >= 8 and all(len(r) == 2 for r in drawn)
+    assert all(len(r) == 2 for r in drawn)
+    threshold("CTranslate2 samples unlike greedy output, of 16", sum(r[0][0] != g for r, g in zip(drawn, greedy)),
+              low=8)
     ids: list = []
     ct.translate_nbest(lines, greedy=True, no_repeat_ngram=2, ids_out=ids, **short)
     assert all(len(set(zip(out, out[1:]))) == len(out) - 1 for _, out in ids if out)

@@ -103,17 +103,28 @@ def test_linear_runs_large_float32_inference_products_on_onednn():
 
 
 @pytest.mark.skipif(not ops._ONEDNN_LINEAR, reason="this PyTorch build has no oneDNN")
-def test_servers_keep_float32_products_off_onednn(monkeypatch):
-    """After keep_float32_off_onednn (what `nmt serve` calls), float32 products are F.linear's, bit for bit, and
-    no packed weight is made for them; bfloat16 ones still run on oneDNN with the packed weight."""
-    monkeypatch.setattr(ops, "_ONEDNN_DTYPES", ops._ONEDNN_DTYPES)  # restored after the test
+def test_servers_keep_float32_products_off_onednn_on_their_own_thread_only():
+    """Under serving_products (what `nmt serve`'s batches run under), float32 products are F.linear's, bit for
+    bit, and no packed weight is made for them; bfloat16 ones still run on oneDNN with the packed weight.
+    Another thread meanwhile, and this one afterwards, keep oneDNN."""
+    import threading
+
     torch.manual_seed(0)
     x, w, b = torch.randn(2, 150, 256), torch.randn(1024, 256), torch.randn(1024)
-    with torch.no_grad():
+
+    def packs() -> bool:
         packed = ops.PackedWeight()
-        ops.linear(x, w, b, packed=packed)
-        assert packed.packed is not None  # on oneDNN until now
-        ops.keep_float32_off_onednn()
+        with torch.no_grad():
+            ops.linear(x, w, b, packed=packed)
+        return packed.packed is not None
+
+    assert packs()  # on oneDNN until now
+    with ops.serving_products(), torch.no_grad():
+        elsewhere: list[bool] = []
+        thread = threading.Thread(target=lambda: elsewhere.append(packs()))
+        thread.start()
+        thread.join()
+        assert elsewhere == [True]
         packed = ops.PackedWeight()
         assert torch.equal(ops.linear(x, w, b, packed=packed), F.linear(x, w, b))
         assert torch.equal(ops.linear(x, w, b, relu=True, packed=packed), F.relu(F.linear(x, w, b)))
@@ -122,9 +133,9 @@ def test_servers_keep_float32_products_off_onednn(monkeypatch):
         if not ops.ONEDNN_BF16:  # a CPU without AVX-512: bfloat16 stays on F.linear
             assert torch.equal(ops.linear(xb, wb, bb, packed=packed), F.linear(xb, wb, bb))
             return
-        assert torch.equal(ops.linear(xb, wb, bb, packed=packed),
-                           torch.ops.mkldnn._linear_pointwise(xb, wb, bb, "none", [], ""))
+        assert torch.equal(ops.linear(xb, wb, bb, packed=packed), ops.linear(xb, wb, bb))
         assert packed.packed is not None
+    assert packs()
 
 
 def test_row_buckets_are_few_and_pad_little():
@@ -140,8 +151,9 @@ def test_row_buckets_are_few_and_pad_little():
 @pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
     not ops.ONEDNN_BF16, reason="oneDNN has no bfloat16 kernels for this CPU (no AVX-512)"))])
 def test_bounded_row_counts_give_the_unpadded_products(dtype, monkeypatch):
-    """After bound_onednn_row_counts (what `nmt serve` calls), oneDNN products are computed on rows padded to a
-    bucket, and give what the unpadded product gives, bit for bit, with and without the packed weight and ReLU."""
+    """Under serving_products (what `nmt serve`'s batches run under), oneDNN products are computed on rows
+    padded to a bucket, and give what the unpadded product gives, bit for bit, with and without the packed
+    weight and ReLU."""
     torch.manual_seed(0)
     w, b = torch.randn(1024, 256, dtype=dtype), torch.randn(1024, dtype=dtype)
     inputs = [torch.randn(rows, 256, dtype=dtype) for rows in (1, 5, 8, 63, 65, 130, 700)]
@@ -150,7 +162,8 @@ def test_bounded_row_counts_give_the_unpadded_products(dtype, monkeypatch):
     with torch.no_grad():
         expected = {kind: [ops.linear(x, w, b, relu=relu, packed=packed) for x, relu in cases]
                     for kind, packed in (("plain", None), ("packed", ops.PackedWeight()))}
-        monkeypatch.setattr(ops, "_BOUNDED_ROWS", True)
+        monkeypatch.setattr(ops._PRODUCTS, "bounded_rows", True)
+        monkeypatch.setattr(ops._PRODUCTS, "float32_on_onednn", True)  # float32 too, to see its padding
         seen = []
         real_pointwise = torch.ops.mkldnn._linear_pointwise
         monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise",
