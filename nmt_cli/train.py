@@ -10,7 +10,7 @@ import secrets
 import socket
 import sys
 import time
-from contextlib import closing, nullcontext
+from contextlib import closing, nullcontext, suppress
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -331,15 +331,23 @@ class Trainer:
             with atomic_path(marker) as tmp:
                 tmp.write_text(token, encoding="utf-8")
         token = D.broadcast_object(token, ctx)  # sent once the marker is written
-        deadline = time.monotonic() + SHARED_DIR_WAIT
+        wait = shared_dir_wait()
+        deadline = time.monotonic() + wait
         while not (seen := read_small_file(marker) == token) and time.monotonic() < deadline:
-            time.sleep(0.5)  # a network filesystem may show another node's new file a few seconds late
+            # A network filesystem may show another node's new folder or file late: an NFS client keeps a
+            # cached "does not exist" for up to 60 s by default (acdirmax). Listing the folder and its parent
+            # makes it ask the server again.
+            for folder in (self.save_dir.parent, self.save_dir):
+                with suppress(OSError):
+                    os.listdir(folder)
+            time.sleep(0.5)
         point = (resume["updates"], resume.get("sha256")) if resume is not None else None
         views = D.gather_objects((socket.gethostname(), seen, point), ctx)
         blind = [f"rank {rank} on {host}" for rank, (host, saw, _) in enumerate(views) if not saw]
         if blind:
-            raise NmtError(f"{self.save_dir}: {', '.join(blind)} cannot see the --save-dir rank 0 writes to; a "
-                           "multi-node run needs --save-dir on one filesystem shared by every node")
+            raise NmtError(f"{self.save_dir}: {', '.join(blind)} cannot see the --save-dir rank 0 writes to "
+                           f"(waited {wait:g} s for it; NMT_SHARED_DIR_WAIT=SECONDS waits longer); a multi-node run "
+                           "needs --save-dir on one filesystem shared by every node")
         points = {p for _, _, p in views}
         if len(points) > 1:
             found = ", ".join(f"rank {r}: {'update ' + str(p[0]) if p else 'no checkpoint'}"
@@ -663,8 +671,14 @@ class Trainer:
 
 BUFFER_SYNC_FLAG = ("forward_sync_buffers" if "forward_sync_buffers" in
                     inspect.signature(DistributedDataParallel.__init__).parameters else "broadcast_buffers")
-# Seconds a process waits to see rank 0's marker in the save dir before it judges the folder not shared.
-SHARED_DIR_WAIT = 10.0
+def shared_dir_wait() -> float:
+    """Seconds a process waits to see rank 0's marker in the save dir before it judges the folder not shared:
+    NMT_SHARED_DIR_WAIT, else 90 (longer than an NFS client's default attribute cache of a folder, 60 s)."""
+    try:
+        return max(0.0, float(os.environ.get("NMT_SHARED_DIR_WAIT", "90")))
+    except ValueError:
+        value = os.environ["NMT_SHARED_DIR_WAIT"]
+        raise NmtError(f"NMT_SHARED_DIR_WAIT={value!r} is not a number of seconds") from None
 
 
 def _clock(seconds: float) -> str:

@@ -69,8 +69,9 @@ $(WMT14_EXP)/data/meta.json: $(WMT14_RAW)/.done
 	nmt prepare -s en -t de --train $(WMT14_RAW)/train --valid $(WMT14_RAW)/valid --test $(WMT14_RAW)/test \
 	  --normalize-punctuation --bpe-merges $(WMT14_BPE) --max-len 250 --max-ratio 1.5 --out $(WMT14_EXP)/data --force
 else
-# nmt prepare publishes the data folder with one rename, so meta.json there means node 0 finished it.
-$(WMT14_EXP)/data/meta.json:
+# nmt prepare publishes the data folder with one rename, so meta.json there means node 0 finished it. This
+# node's own checkout still needs its environment (torchrun, nmt) for the training that follows.
+$(WMT14_EXP)/data/meta.json: | install
 	python3 recipes/wait_for.py $@ --minutes $(WMT14_WAIT_MINUTES) --what "node 0's data step"
 endif
 

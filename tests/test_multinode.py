@@ -71,15 +71,17 @@ def test_two_nodes_stop_on_sigterm_and_resume_to_the_same_weights(toy_data, tmp_
         assert len(a[name]) == len(b[name])
 
 
-def test_two_nodes_with_separate_save_dirs_refuse_before_training(toy_data, tmp_path):
+def test_two_nodes_with_separate_save_dirs_refuse_before_training(toy_data, tmp_path, monkeypatch):
     """Each node given its own local folder (node 1 would resume from nothing while node 0 resumes): both
     refuse at start with one line, and neither trains."""
     saves, work = [tmp_path / "local0" / "ck", tmp_path / "local1" / "ck"], [tmp_path / "n0", tmp_path / "n1"]
+    monkeypatch.setenv("NMT_SHARED_DIR_WAIT", "5")  # the default waits out an NFS client's attribute cache (90 s)
     results = finish(start_nodes(toy_data, saves, work, "--max-updates", "4", "--quiet"))
     for code, err in results:
         assert code != 0
         lines = [x for x in err.splitlines() if x.startswith("nmt train: ")]
         assert len(lines) == 1 and "cannot see the --save-dir" in lines[0] and "shared by every node" in lines[0], err
+        assert "waited 5 s" in lines[0] and "NMT_SHARED_DIR_WAIT" in lines[0], err
     assert not list(saves[0].glob("checkpoint*.pt")) and not list(saves[1].glob("checkpoint*.pt"))
 
 
