@@ -8,7 +8,8 @@ prepares it with `nmt prepare`. Then, through the real training code:
       a fixed number of updates must fall below LEARN_PPL (the floor under label smoothing 0.1 is 1/0.9 = 1.11;
       an untrained model's is the vocabulary size);
   (b) stop and resume: N/2 updates, then a resumed run to N, against N updates straight: the same weights
-      (bit-identical on CPU; within RESUME_ATOL on CUDA, where index_add's atomics sum in any order);
+      (bit-identical on CPU; on CUDA, where index_add's atomics sum in any order, within RESUME_ATOL for every
+      weight but the attention key biases, which only receive rounding noise, and the same per-update losses);
   (c) the 2-rank path: torchrun with 2 processes (NCCL on 2 GPUs; gloo on CPU where fewer GPUs) against one
       process with --update-freq 2: the same per-update losses within TWO_RANK_RTOL;
   (d) throughput of base and big (tiny with --device cpu) on synthetic WMT-like batches, bf16, at
@@ -138,25 +139,51 @@ def fast_precision(device: str) -> str:
     return auto_precision(torch.device(device))
 
 
+def key_bias_free(weights: dict) -> dict:
+    """The weights with every attention's key bias (the middle third of `in_proj.bias`) left out: its gradient
+    is exactly zero (softmax ignores a shift shared by all keys), so it receives only rounding noise, which
+    Adam turns into learning-rate-sized steps; on CUDA that noise is not deterministic (index_add's atomics)."""
+    out = {}
+    for name, w in weights.items():
+        if name.endswith("in_proj.bias"):
+            d = w.shape[0] // 3
+            w = w[[*range(d), *range(2 * d, 3 * d)]]
+        out[name] = w
+    return out
+
+
 def check_resume(data: Path, work: Path, device: str) -> dict:
-    """(b): stopped at N/2 and resumed to N equals N straight."""
+    """(b): stopped at N/2 and resumed to N equals N straight: bit-identical on CPU; on CUDA, where sums by
+    atomics (index_add_ in the embedding's backward) change with the order threads finish, every weight but the
+    attention key biases (`key_bias_free`) within RESUME_ATOL and the per-update losses within TWO_RANK_RTOL."""
     import torch
 
     from .checkpoint import load_checkpoint
     from .train import train
 
     n, precision = 12, fast_precision(device)
-    train(options(data, work / "straight", device, max_updates=n, precision=precision))
-    train(options(data, work / "resumed", device, max_updates=n // 2, precision=precision))
-    train(options(data, work / "resumed", device, max_updates=n, precision=precision))
+    train(options(data, work / "straight", device, max_updates=n, precision=precision, log_interval=1))
+    train(options(data, work / "resumed", device, max_updates=n // 2, precision=precision, log_interval=1))
+    train(options(data, work / "resumed", device, max_updates=n, precision=precision, log_interval=1))
     a = load_checkpoint(work / "straight" / "checkpoint_last.pt")["model"]
     b = load_checkpoint(work / "resumed" / "checkpoint_last.pt")["model"]
+    check = f"stop at {n // 2}, resume to {n} == {n} straight ({precision}, dropout 0.1)"
+    if device == "cpu":
+        diff = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+        same = all(torch.equal(a[k], b[k]) for k in a)
+        return {"check": check, "status": "PASS" if same else "FAIL",
+                "figure": f"max |weight difference| {diff:.2e} (bit-identical)"}
+    a, b = key_bias_free(a), key_bias_free(b)
     diff = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
-    same = all(torch.equal(a[k], b[k]) for k in a)
-    ok = same if device == "cpu" else diff <= RESUME_ATOL
-    wanted = "bit-identical" if device == "cpu" else f"<= {RESUME_ATOL:g}"
-    return {"check": f"stop at {n // 2}, resume to {n} == {n} straight ({precision}, dropout 0.1)",
-            "status": "PASS" if ok else "FAIL", "figure": f"max |weight difference| {diff:.2e} ({wanted})"}
+    straight = {r["update"]: r["loss"] for r in log(work / "straight", "train")}
+    resumed = {r["update"]: r["loss"] for r in log(work / "resumed", "train")}
+    common = sorted(set(straight) & set(resumed))
+    worst = max((abs(straight[u] - resumed[u]) / abs(straight[u]) for u in common), default=float("inf"))
+    ok = diff <= RESUME_ATOL and worst <= TWO_RANK_RTOL and len(common) == n
+    return {"check": check, "status": "PASS" if ok else "FAIL",
+            "figure": f"max |weight difference| {diff:.2e} (<= {RESUME_ATOL:g}; key biases left out: their "
+                      f"gradient is 0, they move by rounding noise), losses within {worst:.1e} "
+                      f"(<= {TWO_RANK_RTOL:g})"}
 
 
 def check_two_ranks(data: Path, work: Path, device: str) -> dict:
