@@ -306,7 +306,10 @@ class Trainer:
             # The only buffer (sinusoidal positions) is a constant: no need to broadcast it every step (the flag
             # is `forward_sync_buffers` from torch 2.12 on, `broadcast_buffers` before).
             no_sync = {BUFFER_SYNC_FLAG: False}
-            self.runner: nn.Module = DistributedDataParallel(self.loss_module, device_ids=ids, **no_sync)
+            # Gradients as views into DDP's communication buckets: no copy between them after each all-reduce
+            # (so they are zeroed in place, not set to None: `update.train_step`).
+            self.runner: nn.Module = DistributedDataParallel(self.loss_module, device_ids=ids,
+                                                             gradient_as_bucket_view=True, **no_sync)
         else:
             self.runner = self.loss_module
         self.runner.train()
@@ -671,6 +674,8 @@ class Trainer:
 
 BUFFER_SYNC_FLAG = ("forward_sync_buffers" if "forward_sync_buffers" in
                     inspect.signature(DistributedDataParallel.__init__).parameters else "broadcast_buffers")
+
+
 def shared_dir_wait() -> float:
     """Seconds a process waits to see rank 0's marker in the save dir before it judges the folder not shared:
     NMT_SHARED_DIR_WAIT, else 90 (longer than an NFS client's default attribute cache of a folder, 60 s)."""

@@ -146,7 +146,9 @@ def train_step(runner: nn.Module, model: Transformer, micro: list[Batch], optimi
         optimizer.step()
     if scaler.is_enabled():
         scaler.update()  # lowers the scale after non-finite gradients, raises it after enough finite ones
-    optimizer.zero_grad(set_to_none=True)
+    # Under DDP the gradients are views into its buckets (`gradient_as_bucket_view`): zeroed in place, they stay
+    # views; set to None, the next backward would allocate them apart from the buckets again.
+    optimizer.zero_grad(set_to_none=not ctx.enabled)
     return loss_sum, None if skipped else tokens, flags_summed
 
 
