@@ -108,6 +108,9 @@ def prepare_cmd(
     from_model: Annotated[Optional[Path], typer.Option(
         help="Fine-tuning data: segment and binarize with this model's languages, normalization, tokenizer (BPE "
              "codes or SentencePiece model) and vocabulary, for nmt train --init-from.")] = None,
+    tag: Annotated[Optional[list[str]], typer.Option(
+        help="A word that may begin a line and stays one vocabulary symbol, untokenized (repeatable): a tag "
+             "such as <BT> on back-translated sources; stored with the model.")] = None,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
 ) -> None:
     """Moses-tokenize and learn joint BPE (or learn SentencePiece), apply it, build a shared vocabulary and
@@ -120,7 +123,7 @@ def prepare_cmd(
                                   workers if workers != 0 else (os.cpu_count() or 1), max_len, max_ratio,
                                   vocab_threshold, force, quiet, normalize_punctuation, from_model,
                                   tokenizer or "moses", vocab_size, spm_type, spm_sample,
-                                  tokenizer_given=tokenizer is not None))
+                                  tokenizer_given=tokenizer is not None, tags=tuple(tag or ())))
     if not quiet:
         err.print(summary_line(meta, out), highlight=False)
 

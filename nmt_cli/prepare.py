@@ -37,8 +37,10 @@ from .segment import (
     SPM_TYPES,
     TOKENIZERS,
     SentencePiece,
+    check_tags,
     has_han,
     plain_spaces,
+    split_tag,
     train_sentencepiece,
 )
 from .textio import atomic_path, check_replaceable, file_sha256, iter_lines, publish_directory, staging_directory
@@ -76,6 +78,7 @@ class PrepareOptions:
     spm_type: str = "unigram"
     spm_sample: int = 1_000_000  # SentencePiece learns from at most this many lines, drawn at random
     tokenizer_given: bool = False  # --tokenizer was on the command line (checked against --from-model's)
+    tags: Sequence[str] = ()  # words that may begin a line, kept as one symbol (a back-translation tag: <BT>)
 
     def ratio_limit(self) -> float | None:
         """The length-ratio filter in effect: --max-ratio, or by default 1.5, except between a CJK language and
@@ -139,15 +142,19 @@ def _init_worker(state: dict) -> None:
     _worker.clear()
     _worker.update(state)
     if state.get("sentencepiece") is not None:
-        segmenter = SentencePiece(state["sentencepiece"])  # text arrives normalized already: normalize=False
+        # text arrives normalized already: normalize=False
+        segmenter = SentencePiece(state["sentencepiece"], tags=state.get("tags", ()))
         _worker["bpe"] = lambda line: segmenter.segment(line, "")
     elif state.get("codes") is not None:
-        _worker["bpe"] = text.BpeApplier(state["codes"])
+        _worker["bpe"] = text.BpeApplier(state["codes"], keep=state.get("tags", ()))
     if state.get("symbols") is not None:
         _worker["vocab"] = Vocabulary(state["symbols"])
 
 
 def _preprocess(line: str, lang: str) -> str:
+    tag, line = split_tag(line, _worker.get("tags", ()))
+    if tag:
+        return f"{tag} {_preprocess(line, lang)}".rstrip()
     if _worker["normalize"]:
         line = text.normalize_punctuation(line, lang)
     if _worker.get("tokenizer") == "sentencepiece":  # SentencePiece reads raw text
@@ -296,6 +303,7 @@ def _check_options(opts: PrepareOptions) -> Path:
         raise NmtError(f"--workers must be at least 1, or 0 for all cores (got {opts.workers})")
     if opts.source_lang == opts.target_lang:
         raise NmtError(f"source and target language are both {opts.source_lang!r}")
+    check_tags(opts.tags)
     out = Path(opts.out)
     check_replaceable(out, opts.force, "a data dir of nmt prepare", lambda f: (f / "meta.json").is_file(), "--out")
     return out
@@ -332,10 +340,12 @@ def prepare(opts: PrepareOptions, on_stage: Callable[[dict], None] | None = None
             if model is None and sentencepiece:
                 stages.begin("learn SentencePiece", None, unit="pieces")
                 spm_model = train_sentencepiece(tokenized["train"], opts.vocab_size, opts.spm_type, opts.spm_sample,
-                                                opts.workers)
+                                                opts.workers, tags=opts.tags)
                 vocab = Vocabulary(SentencePiece(spm_model).symbols())
                 stages.end(len(vocab))
             elif model is None:
+                for tag in opts.tags:  # one symbol whatever the merges: none spent on it
+                    counts.pop(tag, None)
                 stages.begin("learn BPE", opts.bpe_merges, unit="merges")
                 codes = learn_bpe_codes(counts, opts.bpe_merges, on_merge=lambda _: stages.advance(1))
                 stages.end(len(codes.splitlines()) - 1)
@@ -351,14 +361,16 @@ def prepare(opts: PrepareOptions, on_stage: Callable[[dict], None] | None = None
 
 def _tokenizer_meta(opts: PrepareOptions, spm_model: bytes | None = None) -> dict:
     """How text was tokenized, as meta.json and checkpoints record it (translate repeats it)."""
+    tags = {"tags": list(opts.tags)} if opts.tags else {}
     if opts.tokenizer == "sentencepiece":
         assert spm_model is not None
         import hashlib
 
         return {"name": "sentencepiece", "model_type": opts.spm_type, "vocab_size": opts.vocab_size,
                 "character_coverage": CHARACTER_COVERAGE, "byte_fallback": True, "sample": opts.spm_sample,
-                "normalize_punctuation": opts.normalize, "sha256": hashlib.sha256(spm_model).hexdigest()}
-    return {"name": "moses", "escape": False, "aggressive_dash_splits": True, "normalize_punctuation": opts.normalize}
+                "normalize_punctuation": opts.normalize, "sha256": hashlib.sha256(spm_model).hexdigest(), **tags}
+    return {"name": "moses", "escape": False, "aggressive_dash_splits": True, "normalize_punctuation": opts.normalize,
+            **tags}
 
 
 def _model_preprocessing(opts: PrepareOptions) -> tuple[PrepareOptions, tuple[str | None, bytes | None, Vocabulary]]:
@@ -378,7 +390,8 @@ def _model_preprocessing(opts: PrepareOptions) -> tuple[PrepareOptions, tuple[st
     if opts.tokenizer_given and opts.tokenizer != name:
         raise NmtError(f"{opts.from_model}: the model was trained with --tokenizer {name}, not {opts.tokenizer}")
     opts = replace(opts, source_lang=state["source_lang"], target_lang=state["target_lang"], tokenizer=name,
-                   normalize=bool(tokenizer.get("normalize_punctuation", False)))
+                   normalize=bool(tokenizer.get("normalize_punctuation", False)),
+                   tags=tuple(tokenizer.get("tags", ())))
     if name == "sentencepiece":
         if not state.get("sentencepiece"):
             raise NmtError(f"{opts.from_model}: checkpoint lacks sentencepiece (its tokenizer's model)")
@@ -413,7 +426,8 @@ def _tokenize(inputs: dict[str, tuple[Path, Path]], work: Path, staging: Path, o
     """Stage 1: normalize + tokenize every split into `work`, counting training words; valid/test raw text is
     copied into `staging` on the way."""
     src_lang, tgt_lang = opts.source_lang, opts.target_lang
-    state = {"src_lang": src_lang, "tgt_lang": tgt_lang, "normalize": opts.normalize, "tokenizer": opts.tokenizer}
+    state = {"src_lang": src_lang, "tgt_lang": tgt_lang, "normalize": opts.normalize, "tokenizer": opts.tokenizer,
+             "tags": tuple(opts.tags)}
     counts: Counter = Counter()
     tokenized = {}
     first = "tokenize" if opts.tokenizer == "moses" else "read"  # SentencePiece reads raw text
@@ -470,7 +484,8 @@ def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, c
     work = staging / ".work"
     work.mkdir(exist_ok=True)
     max_ratio = opts.ratio_limit()
-    state = {"codes": codes, "sentencepiece": sentencepiece, "max_len": opts.max_len, "max_ratio": max_ratio,
+    state = {"codes": codes, "sentencepiece": sentencepiece, "tags": tuple(opts.tags), "max_len": opts.max_len,
+             "max_ratio": max_ratio,
              "src_lang": src_lang, "tgt_lang": tgt_lang}
     pieces: Counter = Counter()
     dropped = {"empty": 0, "too_long": 0, "ratio": 0}

@@ -23,6 +23,23 @@ CHARACTER_COVERAGE = 0.9995
 _SPACES = re.compile(r"\s")
 
 
+def split_tag(line: str, tags: Sequence[str]) -> tuple[str, str]:
+    """(tag, rest) for a line that starts with one of `tags` as a word of its own (a back-translation tag such as
+    `<BT>`), else ("", line)."""
+    if tags:
+        first, _, rest = line.lstrip().partition(" ")
+        if first in tags:
+            return first, rest
+    return "", line
+
+
+def check_tags(tags: Sequence[str]) -> None:
+    """One line for a tag that cannot be a vocabulary symbol of its own."""
+    for tag in tags:
+        if not tag or any(c.isspace() for c in tag) or tag in ("<pad>", "<s>", "</s>", "<unk>"):
+            raise NmtError(f"--tag {tag!r}: a tag is one word (no spaces) other than <pad>, <s>, </s> and <unk>")
+
+
 def plain_spaces(line: str) -> str:
     """`line` with every Unicode space or separator as an ASCII space. SentencePiece sees text this way both
     when it learns and when it segments, so none of its pieces holds a character that splitting a line of
@@ -35,14 +52,17 @@ class Segmenter:
 
     name = ""
 
-    def __init__(self, normalize: bool = False) -> None:
+    def __init__(self, normalize: bool = False, tags: Sequence[str] = ()) -> None:
         self.normalize = normalize  # Moses punctuation normalization first, as at prepare time
+        self.tags = tuple(tags)  # words that may begin a line and stay one piece (`nmt prepare --tag`)
 
     def segment(self, line: str, lang: str) -> str:
-        """Whitespace-separated pieces of one raw line."""
+        """Whitespace-separated pieces of one raw line; a leading tag stays one piece."""
+        tag, line = split_tag(line, self.tags)
         if self.normalize:
             line = text.normalize_punctuation(line, lang)
-        return self._segment(line, lang) if line.strip() else ""
+        pieces = self._segment(line, lang) if line.strip() else ""
+        return f"{tag} {pieces}".rstrip() if tag else pieces
 
     def _segment(self, line: str, lang: str) -> str:
         raise NotImplementedError
@@ -61,8 +81,8 @@ class MosesBpe(Segmenter):
 
     name = "moses"
 
-    def __init__(self, codes: str, normalize: bool = False) -> None:
-        super().__init__(normalize)
+    def __init__(self, codes: str, normalize: bool = False, tags: Sequence[str] = ()) -> None:
+        super().__init__(normalize, tags)
         self.codes = codes
         self.bpe = text.BpeApplier(codes)
 
@@ -82,10 +102,10 @@ class SentencePiece(Segmenter):
 
     name = "sentencepiece"
 
-    def __init__(self, model: bytes, normalize: bool = False) -> None:
+    def __init__(self, model: bytes, normalize: bool = False, tags: Sequence[str] = ()) -> None:
         import sentencepiece
 
-        super().__init__(normalize)
+        super().__init__(normalize, tags)
         self.model = model
         try:
             self.processor = sentencepiece.SentencePieceProcessor(model_proto=model)
@@ -113,14 +133,15 @@ def segmenter_from(tokenizer: dict | None, bpe_codes: str, sentencepiece: bytes 
     model)."""
     tokenizer = tokenizer or {}
     normalize = bool(tokenizer.get("normalize_punctuation", False))
+    tags = tuple(tokenizer.get("tags", ()))
     name = tokenizer.get("name", "moses")
     if name == "sentencepiece":
         if not sentencepiece:
             raise NmtError("the tokenizer is SentencePiece, but its model is missing")
-        return SentencePiece(sentencepiece, normalize)
+        return SentencePiece(sentencepiece, normalize, tags)
     if name != "moses":
         raise NmtError(f"unknown tokenizer {name!r} (this nmt knows {', '.join(TOKENIZERS)})")
-    return MosesBpe(bpe_codes, normalize)
+    return MosesBpe(bpe_codes, normalize, tags)
 
 
 def segmenter_of(state: dict, path: str | Path) -> Segmenter:
@@ -164,10 +185,10 @@ def with_plain_spaces(model: bytes) -> bytes:
 
 
 def train_sentencepiece(files: Sequence[Path], vocab_size: int, model_type: str = "unigram",
-                        sample: int = 1_000_000, threads: int = 1, seed: int = 1) -> bytes:
+                        sample: int = 1_000_000, threads: int = 1, seed: int = 1, tags: Sequence[str] = ()) -> bytes:
     """A SentencePiece model (serialized) learned jointly on the raw lines of `files`, with nmt's special
-    symbols at ids 0-3, byte fallback (no character becomes <unk>) and CJK-level character coverage; at most
-    `sample` lines, drawn at random, are used."""
+    symbols at ids 0-3, `tags` as pieces of their own, byte fallback (no character becomes <unk>) and CJK-level
+    character coverage; at most `sample` lines, drawn at random, are used."""
     import sentencepiece
 
     if model_type not in SPM_TYPES:
@@ -187,6 +208,8 @@ def train_sentencepiece(files: Sequence[Path], vocab_size: int, model_type: str 
         normalization_rule_name="identity",
         # A vocabulary smaller than the unigram model's seeds is fine; one larger than the text allows is not.
         hard_vocab_limit=True)
+    if tags:
+        options["user_defined_symbols"] = list(tags)
     sentencepiece.set_random_generator_seed(seed)  # the sample of lines, and so the model, is reproducible
     try:
         sentencepiece.SentencePieceTrainer.train(**options)

@@ -6,6 +6,7 @@ import io
 import re
 import sys
 import types
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 
@@ -90,13 +91,13 @@ def read_codes(path: Path) -> str:
 class BpeApplier:
     """Applies BPE codes to tokenized lines, caching each word's segmentation."""
 
-    def __init__(self, codes: str) -> None:
+    def __init__(self, codes: str, keep: Sequence[str] = ()) -> None:
         if not [line for line in codes.splitlines() if line.strip() and not line.startswith("#version")]:
             # Zero merges (a corpus without two-character words): every word splits into its characters.
             # subword-nmt refuses a codes file without merges, so it gets one that no text can match.
             codes = codes.rstrip("\n") + "\n\ue000 \ue001\n"
         self._bpe = BPE(io.StringIO(codes), separator=BPE_SEPARATOR)
-        self._cache: dict[str, str] = {}
+        self._cache: dict[str, str] = {word: word for word in keep}  # words never split (tags)
 
     def __call__(self, line: str) -> str:
         """Segment one tokenized line into BPE pieces."""

@@ -368,3 +368,32 @@ def test_workers_are_forked_while_no_other_thread_runs(multi30k_subset, tmp_path
 class _VisibleStages(_Stages):
     def __init__(self, quiet, on_stage, staging):
         super().__init__(False, on_stage, staging)
+
+
+@pytest.mark.parametrize("tokenizer", ["moses", "sentencepiece"])
+def test_a_tag_on_source_lines_is_one_symbol_and_changes_nothing_else(multi30k_subset, tmp_path, tokenizer):
+    """`--tag <BT>` on half the training sources (back-translation's tagged synthetic pairs): the tag is one
+    vocabulary symbol at the start of those lines, BPE learns the same merges as without it, the model's
+    segmenter keeps it whole, and a tag that is not one word is refused."""
+    tagged = tmp_path / "tagged"
+    tagged.mkdir()
+    sources = (multi30k_subset / "train.en").read_text(encoding="utf-8").splitlines()
+    (tagged / "train.en").write_text("".join(("<BT> " if i % 2 else "") + s + "\n" for i, s in enumerate(sources)),
+                                     encoding="utf-8")
+    (tagged / "train.de").write_text((multi30k_subset / "train.de").read_text(encoding="utf-8"), encoding="utf-8")
+    options = dict(tokenizer=tokenizer, vocab_size=1000, max_ratio=9.0)
+    meta = prepare(PrepareOptions("en", "de", str(tagged / "train"), str(multi30k_subset / "val"), tmp_path / "t",
+                                  bpe_merges=500, workers=1, quiet=True, tags=("<BT>",), **options))
+    assert meta["tokenizer"]["tags"] == ["<BT>"]
+    data = DataDir.open(tmp_path / "t")
+    tag = data.vocab.index["<BT>"]
+    train = data.split("train")
+    starts = [int(train.src[i][0]) == tag for i in range(len(train))]
+    assert sum(starts) == len(sources) // 2 and all(int(t) != tag for i in range(len(train))
+                                                     for t in train.src[i][1:])
+    assert data.segmenter().segment("<BT> A man.", "en").split()[0] == "<BT>"
+    if tokenizer == "moses":
+        _prepare(multi30k_subset, tmp_path / "plain", workers=1, max_ratio=9.0)
+        assert (tmp_path / "t" / "bpe.codes").read_text() == (tmp_path / "plain" / "bpe.codes").read_text()
+    expect_error(run_cli("prepare", "-s", "en", "-t", "de", "--train", tagged / "train", "--valid",
+                         multi30k_subset / "val", "--out", tmp_path / "bad", "--tag", "<B T>"), "--tag", "one word")
