@@ -370,3 +370,38 @@ def test_make_install_keeps_the_torch_an_environment_has(tmp_path, has_torch):
     assert calls[0] == "python -c import torch" and calls[-1] == "pip install -e .[dev]"
     assert ("pip install torch==2.13.0" in calls) is not has_torch
     assert (venv / ".installed").exists()
+
+
+def test_multi30k_backtranslation_recipe_at_smoke_size(tmp_path):
+    """`make multi30k-bt` end to end at smoke size: the split halves are disjoint and cover the training pairs,
+    the synthetic sources come from the tgt->src model (beam and sampled, one line per monolingual line), the
+    tagged row's data has `<BT>` as one symbol at the start of its synthetic sources, every row is scored,
+    and a second run trains nothing."""
+    data = shared_data("multi30k")
+    exp = tmp_path / "m30k"
+    command = ["make", "-o", ".venv/.installed", "multi30k-bt", f"DATA={data}", f"EXP={exp}", "ARCH=tiny",
+               "LINES=24", "BT_MINUTES=0", "MAX_UPDATES=2", "BPE_MERGES=200", "PRECISION=fp32"]
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=900)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    bt, corpora = exp / "bt", exp / "bt" / "corpora"
+
+    def lines(path: Path) -> list[str]:
+        return path.read_text(encoding="utf-8").splitlines()
+
+    train_en = gzip.open(data / "train.en.gz", "rt", encoding="utf-8").read().splitlines()[:24]
+    parallel, mono_real = lines(corpora / "parallel.en"), lines(corpora / "mono_real.en")
+    assert len(parallel) == len(mono_real) == 12 and sorted(parallel + mono_real) == sorted(train_en)
+    assert len(lines(corpora / "bt.beam.en")) == len(lines(corpora / "bt.sampled.en")) == 12
+    assert lines(corpora / "bt.beam.en") != lines(corpora / "bt.sampled.en")
+    tagged = lines(bt / "tagged-bt" / "train.en")
+    assert tagged[:12] == parallel and all(line.startswith("<BT> ") for line in tagged[12:])
+    assert load_checkpoint(bt / "tagged-bt" / "model.pt")["tokenizer"]["tags"] == ["<BT>"]
+    assert "<BT>" in lines(bt / "tagged-bt" / "data" / "vocab.txt")
+    results = json.loads((bt / "backtranslation.json").read_text())
+    assert [r["row"] for r in results] == ["parallel", "beam BT", "sampled BT", "tagged BT", "all real"]
+    assert all(r["updates"] == 2 and "bleu" in r and "chrf" in r for r in results)
+    assert (bt / "backtranslation.png").stat().st_size > 0
+    assert "| tagged BT |" in (bt / "backtranslation.md").read_text()
+    again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
+    assert again.returncode == 0 and " train: " not in again.stdout and "| all real |" in again.stdout

@@ -1,0 +1,228 @@
+"""Back-translation as a low-resource simulation on real data (`make multi30k-bt`).
+
+    python recipes/backtranslation.py --raw EXP/raw --out EXP/bt [--src en] [--tgt de] [--arch small]
+        [--minutes 10] [--max-updates 0] [--bpe-merges 10000] [--precision auto] [--train-flags "..."]
+
+Multi30k's training pairs are split with a fixed seed into a parallel half and a "monolingual" half whose
+source side (English) is thrown away. A tgt->src model trained on the parallel half translates the
+monolingual half back, with beam search (beam 4) and, separately, by sampling (Edunov et al., 2018). Then
+one src->tgt model per row, each trained for the same minutes (or updates) with seed 1:
+
+  parallel      the parallel half only
+  beam BT       + the monolingual half with its beam back-translations as sources
+  sampled BT    + the same with sampled back-translations
+  tagged BT     + the sampled ones with a `<BT>` tag on each synthetic source (Caswell et al., 2019;
+                `nmt prepare --tag <BT>`: one vocabulary symbol)
+  all real      + the monolingual half with its real sources: the ceiling
+
+Each model's BPE is learned on its own training pairs (the parallel half, and for the rows that have them
+the monolingual target side and its synthetic sources): no val or test text joins it. Each is chosen on val
+(recipes/select_on_val.py: the best checkpoint or an average of the last ones, then the length penalty)
+and scored on test_2016_flickr with sacreBLEU and chrF2. Every step is skipped when its output exists, so a
+second run resumes. Writes OUT/backtranslation.md, .json and .png (BLEU by row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from nmt_cli.errors import NmtError  # noqa: E402
+from nmt_cli.score import score  # noqa: E402
+from nmt_cli.textio import atomic_path, read_lines  # noqa: E402
+
+TAG = "<BT>"
+ROWS = ("parallel", "beam BT", "sampled BT", "tagged BT", "all real")
+
+
+def run(command: list[str], what: str) -> None:
+    print(f"backtranslation: {what}: {' '.join(map(str, command))}", flush=True)
+    if subprocess.run([str(c) for c in command]).returncode != 0:
+        raise NmtError(f"{what}: {command[0]} {command[1]} failed (its output is above)")
+
+
+def write_lines(path: Path, lines: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+
+def raw_file(raw: Path, name: str) -> Path:
+    """RAW/NAME, or RAW/NAME.gz (a recipe links the shared copy's .gz files)."""
+    return raw / name if (raw / name).exists() else raw / f"{name}.gz"
+
+
+def split(raw: Path, out: Path, src: str, tgt: str, seed: int) -> None:
+    """The parallel half (both sides) and the monolingual half (the target side; its real sources are kept
+    apart for the ceiling row only)."""
+    if (out / f"mono.{tgt}").exists():
+        return
+    sources, targets = read_lines(raw_file(raw, f"train.{src}")), read_lines(raw_file(raw, f"train.{tgt}"))
+    if len(sources) != len(targets) or len(sources) < 4:
+        raise NmtError(f"{raw}: train.{src} and train.{tgt} must hold the same number of lines, at least 4")
+    order = list(range(len(sources)))
+    random.Random(seed).shuffle(order)
+    half = len(order) // 2
+    parallel, mono = sorted(order[:half]), sorted(order[half:])
+    write_lines(out / f"parallel.{src}", [sources[i] for i in parallel])
+    write_lines(out / f"parallel.{tgt}", [targets[i] for i in parallel])
+    write_lines(out / f"mono_real.{src}", [sources[i] for i in mono])
+    write_lines(out / f"mono.{tgt}", [targets[i] for i in mono])  # written last: the split is complete
+
+
+def model(name: str, folder: Path, train: Path, src: str, tgt: str, raw: Path, args: argparse.Namespace,
+          tags: tuple[str, ...] = ()) -> Path:
+    """prepare, train, choose on val: FOLDER/model.pt (each step skipped when its output exists)."""
+    nmt = shlex.split(args.nmt)
+    data = folder / "data"
+    if not (data / "meta.json").exists():
+        run([*nmt, "prepare", "-s", src, "-t", tgt, "--train", train, "--valid", raw / "val", "--test",
+             raw / "test_2016_flickr", "--bpe-merges", args.bpe_merges, "--max-ratio", "9", "--out", data, "--force",
+             "--quiet", *[flag for tag in tags for flag in ("--tag", tag)]], f"{name}: prepare")
+    if not (folder / "ckpt" / ".done").exists():
+        run([*nmt, "train", data, "--save-dir", folder / "ckpt", "--arch", args.arch, "--precision", args.precision,
+             "--max-time", args.minutes, "--max-updates", args.max_updates, "--keep-last", "10", "--seed", "1",
+             "--device", "cpu", "--quiet", *shlex.split(args.train_flags)], f"{name}: train")
+        (folder / "ckpt" / ".done").touch()
+    if not (folder / "model.pt").exists():
+        run([sys.executable, Path(__file__).parent / "select_on_val.py", "--ckpt-dir", folder / "ckpt", "--src",
+             data / f"valid.raw.{src}", "--ref", data / f"valid.raw.{tgt}", "--windows", "3,5",
+             "--lenpens", "0.6,1.0", "--out", folder / "model.pt", "--record", folder / "selection.json"],
+            f"{name}: choose on val")
+    return folder / "model.pt"
+
+
+def translate(model_path: Path, source: Path, output: Path, what: str, args: argparse.Namespace,
+              *flags: str) -> None:
+    if not output.exists():
+        run([*shlex.split(args.nmt), "translate", "-m", model_path, "-i", source, "-o", output, "--quiet", *flags],
+            what)
+
+
+def row_corpus(row: str, corpora: Path, folder: Path, src: str, tgt: str) -> Path:
+    """FOLDER/train.{src,tgt} of a row: the parallel half, and the monolingual half with the row's sources."""
+    prefix = folder / "train"
+    if (prefix.with_suffix(f".{tgt}")).exists():
+        return prefix
+    sources, targets = read_lines(corpora / f"parallel.{src}"), read_lines(corpora / f"parallel.{tgt}")
+    synthetic = {"beam BT": f"bt.beam.{src}", "sampled BT": f"bt.sampled.{src}", "tagged BT": f"bt.sampled.{src}",
+                 "all real": f"mono_real.{src}"}.get(row)
+    if synthetic is not None:
+        extra = read_lines(corpora / synthetic)
+        if row == "tagged BT":
+            extra = [f"{TAG} {line}" for line in extra]
+        sources, targets = sources + extra, targets + read_lines(corpora / f"mono.{tgt}")
+    write_lines(prefix.with_suffix(f".{src}"), sources)
+    write_lines(prefix.with_suffix(f".{tgt}"), targets)  # written last
+    return prefix
+
+
+def evaluate(model_path: Path, folder: Path, src: str, tgt: str, args: argparse.Namespace) -> dict:
+    data = folder / "data"
+    translate(model_path, data / f"test.raw.{src}", folder / "test.hyp", f"{folder.name}: test", args)
+    records = score(read_lines(folder / "test.hyp"), [read_lines(data / f"test.raw.{tgt}")], ("bleu", "chrf"),
+                    lang=tgt)
+    return {r["metric"]: round(r["score"], 2) for r in records} | {"signatures": [r["signature"] for r in records]}
+
+
+def markdown(results: list[dict], note: str) -> str:
+    lines = [note, "", "| row | training pairs | BLEU | chrF2 | updates | train minutes |",
+             "|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r['row']} | {r['pairs']:,} | {r['bleu']:.1f} | {r['chrf']:.1f} | {r['updates']:,} | "
+                     f"{r['train_minutes']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: list[dict], out: Path) -> None:
+    """BLEU per row, as a bar chart (the ceiling in grey)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.0, 3.6))
+    names = [r["row"] for r in results]
+    ax.bar(range(len(names)), [r["bleu"] for r in results],
+           color=["#999999" if r["row"] == "all real" else "#4c72b0" for r in results])
+    for i, r in enumerate(results):
+        ax.text(i, r["bleu"], f"{r['bleu']:.1f}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(names)), names, fontsize=8)
+    ax.set_ylabel("BLEU (test_2016_flickr)")
+    ax.set_title("Back-translation on half of Multi30k")
+    fig.tight_layout()
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)
+
+
+def training(folder: Path) -> dict:
+    """The updates a row's model trained and the minutes it took, from its last checkpoint."""
+    from nmt_cli.checkpoint import load_checkpoint
+
+    state = load_checkpoint(folder / "ckpt" / "checkpoint_last.pt")
+    return {"updates": state["updates"], "train_minutes": round(state["progress"]["elapsed"] / 60, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--raw", type=Path, required=True, help="train, val, test_2016_flickr .SRC/.TGT(.gz)")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--src", default="en")
+    parser.add_argument("--tgt", default="de")
+    parser.add_argument("--arch", default="small")
+    parser.add_argument("--minutes", type=float, default=10.0, help="training minutes per model (0: no limit)")
+    parser.add_argument("--max-updates", type=int, default=0, help="updates per model (0: no limit)")
+    parser.add_argument("--bpe-merges", type=int, default=10000)
+    parser.add_argument("--precision", default="auto")
+    parser.add_argument("--seed", type=int, default=1, help="of the split and of the sampling")
+    parser.add_argument("--train-flags", default="", help="more nmt train flags, the same for every model")
+    parser.add_argument("--nmt", default="nmt", help="the nmt command")
+    args = parser.parse_args()
+    src, tgt, corpora = args.src, args.tgt, args.out / "corpora"
+    start = time.monotonic()
+    try:
+        if args.minutes <= 0 and args.max_updates <= 0:
+            raise NmtError("give --minutes or --max-updates: each model trains for the same budget")
+        split(args.raw, corpora, src, tgt, args.seed)
+        backward = model(f"{tgt}->{src}", args.out / f"{tgt}{src}", corpora / "parallel", tgt, src, args.raw, args)
+        translate(backward, corpora / f"mono.{tgt}", corpora / f"bt.beam.{src}", "back-translate (beam 4)", args,
+                  "--beam", "4")
+        translate(backward, corpora / f"mono.{tgt}", corpora / f"bt.sampled.{src}", "back-translate (sampling)",
+                  args, "--sampling", "--seed", str(args.seed))
+        results = []
+        for row in ROWS:
+            folder = args.out / row.replace(" ", "-").lower()
+            prefix = row_corpus(row, corpora, folder, src, tgt)
+            forward = model(row, folder, prefix, src, tgt, args.raw, args, (TAG,) if row == "tagged BT" else ())
+            result = {"row": row, "pairs": len(read_lines(prefix.with_suffix(f".{src}"))), **training(folder),
+                      **evaluate(forward, folder, src, tgt, args)}
+            print(f"backtranslation: {row}: BLEU {result['bleu']:.1f}, chrF2 {result['chrf']:.1f}", flush=True)
+            results.append(result)
+    except NmtError as e:
+        print(f"backtranslation: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    budget = (f"{args.minutes:g} minutes" if args.minutes > 0 else "") + \
+        (" or " if args.minutes > 0 and args.max_updates > 0 else "") + \
+        (f"{args.max_updates} updates" if args.max_updates > 0 else "")
+    note = (f"Back-translation on Multi30k {src}->{tgt} ({args.raw}): half of the training pairs parallel, the "
+            f"other half target-only; {args.arch} models, {budget} of training each, seed {args.seed}, chosen on "
+            f"val, scored on test_2016_flickr (sacreBLEU, chrF2); {(time.monotonic() - start) / 60:.0f} minutes "
+            "for this run.")
+    with atomic_path(args.out / "backtranslation.json") as tmp:
+        tmp.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    with atomic_path(args.out / "backtranslation.md") as tmp:
+        tmp.write_text(markdown(results, note), encoding="utf-8")
+    plot(results, args.out / "backtranslation.png")
+    print(markdown(results, note))
+
+
+if __name__ == "__main__":
+    main()
