@@ -43,7 +43,8 @@ ROWS = ("parallel", "beam BT", "sampled BT", "tagged BT", "all real")
 
 
 def run(command: list[str], what: str) -> None:
-    print(f"backtranslation: {what}: {' '.join(map(str, command))}", flush=True)
+    """Run one step's command (printed first, under the recipe's name); NmtError when it fails."""
+    print(f"{Path(sys.argv[0]).stem}: {what}: {' '.join(map(str, command))}", flush=True)
     if subprocess.run([str(c) for c in command]).returncode != 0:
         raise NmtError(f"{what}: {command[0]} {command[1]} failed (its output is above)")
 

@@ -113,3 +113,17 @@ multi30k-bt: $(M30K_RAW)/.done
 	  --precision $(PRECISION) --nmt "$(NMT)" --train-flags "--max-tokens $(MAX_TOKENS) --lr-scale $(LR_SCALE) \
 	  --warmup $(WARMUP) --cooldown $(COOLDOWN) --attention-dropout $(ATTENTION_DROPOUT) \
 	  --activation-dropout $(ACTIVATION_DROPOUT) --label-smoothing $(LABEL_SMOOTHING) $(TRAIN_FLAGS)"
+
+# Sequence-level distillation (recipes/distillation.py): the teacher (TEACHER, default this recipe's model.pt,
+# built first when missing) translates the training sources; two STUDENT students train DISTILL_MINUTES each,
+# on the real and on the distilled targets; EXP/distill/distillation.md gives BLEU, chrF2, parameters and
+# sentences/s through nmt and CTranslate2 int8 for all three.
+TEACHER         ?= $(EXP)/model.pt
+STUDENT         ?= tiny
+DISTILL_MINUTES ?= 10
+.PHONY: multi30k-distill
+multi30k-distill: $(TEACHER) $(M30K_RAW)/.done
+	$(BIN)/python recipes/distillation.py --raw $(M30K_RAW) --teacher $(TEACHER) --out $(EXP)/distill \
+	  --src $(SRC) --tgt $(TGT) --student $(STUDENT) --minutes $(DISTILL_MINUTES) --max-updates $(MAX_UPDATES) \
+	  --bpe-merges $(BPE_MERGES) --precision $(PRECISION) --nmt "$(NMT)" --train-flags "--max-tokens $(MAX_TOKENS) \
+	  --lr-scale $(LR_SCALE) --warmup $(WARMUP) --cooldown $(COOLDOWN) --label-smoothing $(LABEL_SMOOTHING) $(TRAIN_FLAGS)"

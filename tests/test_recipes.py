@@ -405,3 +405,29 @@ def test_multi30k_backtranslation_recipe_at_smoke_size(tmp_path):
     assert "| tagged BT |" in (bt / "backtranslation.md").read_text()
     again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
     assert again.returncode == 0 and " train: " not in again.stdout and "| all real |" in again.stdout
+
+
+def test_multi30k_distillation_recipe_at_smoke_size(tmp_path):
+    """`make multi30k-distill` end to end at smoke size, the teacher built by the recipe it depends on: the
+    distilled corpus pairs every training source with the teacher's translation of it (what `nmt translate`
+    gives with the model file's settings), both students are scored and timed through both engines, and a
+    second run trains nothing."""
+    data = shared_data("multi30k")
+    exp = tmp_path / "m30k"
+    command = ["make", "-o", ".venv/.installed", "multi30k-distill", f"DATA={data}", f"EXP={exp}", "ARCH=tiny",
+               "LINES=24", "TRAIN_MINUTES=0", "DISTILL_MINUTES=0", "MAX_UPDATES=2", "BPE_MERGES=200",
+               "PRECISION=fp32", "AVERAGE_WINDOWS=1", "LENPENS=0.6"]
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=900)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    distill = exp / "distill"
+    sources = (distill / "corpora" / "distilled.en").read_text(encoding="utf-8").splitlines()
+    assert sources == gzip.open(data / "train.en.gz", "rt", encoding="utf-8").read().splitlines()[:24]
+    teacher = run_cli("translate", "-m", exp / "model.pt", "-i", distill / "corpora" / "distilled.en", "--quiet")
+    assert teacher.stdout == (distill / "corpora" / "distilled.de").read_text(encoding="utf-8")
+    rows = json.loads((distill / "distillation.json").read_text())
+    assert [(r["model"], r["data"]) for r in rows] == [("teacher", "real targets"), ("student (tiny)", "real targets"),
+                                                       ("student (tiny)", "distilled targets")]
+    assert all(r["nmt_sent_per_s"] > 0 and r["ct2_int8_sent_per_s"] > 0 and r["parameters"] > 0 for r in rows)
+    again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
+    assert again.returncode == 0 and " train: " not in again.stdout and "distilled targets" in again.stdout
