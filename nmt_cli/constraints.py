@@ -8,9 +8,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-# A hypothesis's progress: (bitmask of the phrases met, the phrase it is inside or -1, tokens of it matched).
-Progress = tuple[int, int, int]
-START: Progress = (0, -1, 0)
+# A hypothesis's progress: (bitmask of the phrases met, the phrase it is inside or -1, tokens of it matched,
+# constraint tokens met in all: its bank).
+Progress = tuple[int, int, int, int]
+START: Progress = (0, -1, 0, 0)
 
 
 @dataclass(frozen=True)
@@ -26,50 +27,46 @@ class Phrases:
     def advance(self, progress: Progress, token: int) -> Progress:
         """The progress after `token`. Inside a phrase, the next token of it moves on (the last one meets
         it); any other token drops the partial match, and may start an unmet phrase itself."""
-        met, current, matched = progress
+        met, current, matched, bank = progress
         if current >= 0:
             phrase = self.phrases[current]
             if token == phrase[matched]:
                 if matched + 1 == len(phrase):
-                    return met | (1 << current), -1, 0
-                return met, current, matched + 1
+                    return met | (1 << current), -1, 0, bank + 1
+                return met, current, matched + 1, bank + 1
+            bank -= matched
         for c, phrase in enumerate(self.phrases):
             if not met >> c & 1 and phrase[0] == token:
-                return (met | (1 << c), -1, 0) if len(phrase) == 1 else (met, c, 1)
-        return met, -1, 0
+                return (met | (1 << c), -1, 0, bank + 1) if len(phrase) == 1 else (met, c, 1, bank + 1)
+        return met, -1, 0, bank
 
     def wanted(self, progress: Progress) -> list[int]:
         """Tokens that make progress: the next of the phrase being matched, the first of each unmet one."""
-        met, current, matched = progress
+        met, current, matched, _ = progress
         tokens = [self.phrases[current][matched]] if current >= 0 else []
         tokens += [p[0] for c, p in enumerate(self.phrases) if not met >> c & 1 and c != current]
         return list(dict.fromkeys(tokens))
-
-    def bank(self, progress: Progress) -> int:
-        """Constraint tokens met so far (the partial phrase's included): the hypothesis's bank."""
-        met, _, matched = progress
-        return sum(len(p) for c, p in enumerate(self.phrases) if met >> c & 1) + matched
 
     def complete(self, progress: Progress) -> bool:
         return progress[0] == self.all_met
 
 
-@dataclass
-class Candidate:
-    score: float  # log-probability of the hypothesis with the token
-    slot: int  # the open hypothesis it extends
-    token: int
-    progress: Progress
+# A candidate continuation: (log-probability of the hypothesis with the token, the open hypothesis it extends,
+# the token, the progress after it).
+Candidate = tuple[float, int, int, Progress]
 
 
-def allocate(candidates: Sequence[Candidate], phrases: Phrases, beam: int) -> list[Candidate]:
+def allocate(candidates: Sequence[Candidate], beam: int) -> list[Candidate]:
     """Up to `beam` candidates, best first: banks (constraint tokens met) take turns, each giving its best
     remaining candidate, the bank with most tokens met first (as fairseq's vectorized version ranks
     them), so every bank that has candidates keeps some of the beam."""
-    banks: dict[int, list[Candidate]] = {}
-    for c in sorted(candidates, key=lambda c: -c.score):
-        banks.setdefault(phrases.bank(c.progress), []).append(c)
-    order = sorted(((rank, -bank, c) for bank, cs in banks.items() for rank, c in enumerate(cs)),
-                   key=lambda t: (t[0], t[1]))
-    chosen = [c for _, _, c in order[:beam]]
-    return sorted(chosen, key=lambda c: -c.score)
+    ranked = sorted(candidates, key=lambda c: -c[0])
+    seen: dict[int, int] = {}
+    order = []
+    for c in ranked:
+        bank = c[3][3]
+        rank = seen.get(bank, 0)
+        seen[bank] = rank + 1
+        order.append((rank, -bank, c))
+    order.sort(key=lambda t: (t[0], t[1]))
+    return sorted((c for _, _, c in order[:beam]), key=lambda c: -c[0])

@@ -359,7 +359,9 @@ def _constrained_step(positions: list[int], sentences: list[int], width: int, be
     new_scores, new_beam, new_token = [], [], []
     for p, b in enumerate(positions):
         sentence, rule = sentences[b], phrases[sentences[b]]
-        candidates, endings = [], []
+        all_met = rule.all_met
+        candidates: list[Candidate] = []
+        endings: list[Candidate] = []
         for slot in range(width):
             base = slot_scores[p][slot]
             if not math.isfinite(base):
@@ -367,30 +369,30 @@ def _constrained_step(positions: list[int], sentences: list[int], width: int, be
             state = progress[sentence][slot]
             seen = set()
             for lp, token in [*zip(proposed_lp[p][slot], proposed[p][slot]), *extra.get((p, slot), [])]:
-                if token in seen or not math.isfinite(lp):
+                if token in seen or lp == -math.inf:
                     continue
                 seen.add(token)
                 if token == eos:
-                    endings.append(Candidate(base + lp, slot, eos, state))
+                    endings.append((base + lp, slot, eos, state))
                 else:
-                    candidates.append(Candidate(base + lp, slot, token, rule.advance(state, token)))
+                    candidates.append((base + lp, slot, token, rule.advance(state, token)))
         # Complete hypotheses that end compete with those that go on: an ending among the `beam` best of them
         # is finished.
-        complete = sorted([c.score for c in candidates if rule.complete(c.progress)]
-                          + [c.score for c in endings if rule.complete(c.progress)], reverse=True)
+        complete = sorted([c[0] for c in candidates if c[3][0] == all_met]
+                          + [c[0] for c in endings if c[3][0] == all_met], reverse=True)
         bar = complete[beam - 1] if len(complete) >= beam else -math.inf
-        for c in endings:
-            tokens = history[b * width + c.slot, 1:].tolist()
-            if rule.complete(c.progress):
-                if c.score >= bar:
-                    finished[sentence].append(Hypothesis(tokens, c.score / penalty))
+        for score, slot, _, state in endings:
+            tokens = history[b * width + slot, 1:].tolist()
+            if state[0] == all_met:
+                if score >= bar:
+                    finished[sentence].append(Hypothesis(tokens, score / penalty))
             elif at_limit[b]:
-                unmet[sentence].append(Hypothesis(tokens, c.score / penalty, complete=False))
-        chosen = allocate(candidates, rule, beam)
-        progress[sentence] = [c.progress for c in chosen] + [START] * (beam - len(chosen))
-        new_scores.append([c.score for c in chosen] + [-math.inf] * (beam - len(chosen)))
-        new_beam.append([c.slot for c in chosen] + [0] * (beam - len(chosen)))
-        new_token.append([c.token for c in chosen] + [eos] * (beam - len(chosen)))
+                unmet[sentence].append(Hypothesis(tokens, score / penalty, complete=False))
+        chosen = allocate(candidates, beam)
+        progress[sentence] = [c[3] for c in chosen] + [START] * (beam - len(chosen))
+        new_scores.append([c[0] for c in chosen] + [-math.inf] * (beam - len(chosen)))
+        new_beam.append([c[1] for c in chosen] + [0] * (beam - len(chosen)))
+        new_token.append([c[2] for c in chosen] + [eos] * (beam - len(chosen)))
     open_scores[rows] = torch.tensor(new_scores, dtype=open_scores.dtype, device=open_scores.device)
     open_beam[rows] = torch.tensor(new_beam, dtype=open_beam.dtype, device=open_beam.device)
     open_token[rows] = torch.tensor(new_token, dtype=open_token.dtype, device=open_token.device)

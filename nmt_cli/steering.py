@@ -85,10 +85,13 @@ def draw(log_probs: Tensor, uniforms: Tensor, sampling: Sampling) -> Tensor:
     cumulative sum at uniforms (N,) in [0, 1): a draw that depends only on the row's own uniform number, so
     a sentence samples alike in any batch. Rows may hold -inf (banned tokens), never all of them."""
     scaled = log_probs / sampling.temperature
+    columns: Tensor | None = None  # the columns of `values`, where they are not the vocabulary's own order
     if sampling.topk:
         values, columns = topk_rows(scaled, min(sampling.topk, scaled.shape[1]))  # largest first
-    else:
+    elif sampling.topp < 1:
         values, columns = scaled.sort(dim=-1, descending=True, stable=True)
+    else:  # the whole distribution: any fixed order draws alike, so no sort
+        values = scaled
     probs = torch.softmax(values, dim=-1)
     if sampling.topp < 1:
         # The smallest prefix (most probable first) whose mass reaches topp: a token is kept if the mass
@@ -97,4 +100,4 @@ def draw(log_probs: Tensor, uniforms: Tensor, sampling: Sampling) -> Tensor:
     cdf = probs.cumsum(-1)
     target = (uniforms.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1)
     pick = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.shape[1] - 1)
-    return columns.gather(1, pick).squeeze(1)
+    return (pick if columns is None else columns.gather(1, pick)).squeeze(1)
