@@ -284,7 +284,7 @@ class CTranslate2Translator(TextTranslator):
             options = dict(beam_size=1, num_hypotheses=1, length_penalty=0.0, sampling_topk=sampling.topk,
                            sampling_topp=sampling.topp, sampling_temperature=sampling.temperature)
         results = self.translator.translate_batch(
-            batch, prefix, **options, no_repeat_ngram_size=no_repeat_ngram_size,
+            batch, target_prefix=prefix, **options, no_repeat_ngram_size=no_repeat_ngram_size,
             max_decoding_length=limit,  # output tokens before </s>, as nmt counts them
             return_scores=True, suppress_sequences=[["<s>"], ["<blank>"]], return_end_token=False)
         index = self.vocab.index
