@@ -271,8 +271,8 @@ def test_multi30k_recipe_end_to_end(tmp_path):
     exp = tmp_path / "m30k"
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     result = subprocess.run(["make", "-o", ".venv/.installed", "multi30k", f"DATA={data}", f"EXP={exp}",
-                             "ARCH=tiny", "LINES=300", "TRAIN_MINUTES=0.25", "BPE_MERGES=500", "AVERAGE_WINDOWS=1 3",
-                             "LENPENS=0.6 1.0",
+                             "ARCH=tiny", "LINES=300", "TRAIN_MINUTES=0", "MAX_UPDATES=12", "BPE_MERGES=500",
+                             "AVERAGE_WINDOWS=1 3", "LENPENS=0.6 1.0",
                              "PRECISION=fp32"],
                             cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
