@@ -224,19 +224,21 @@ class CheckpointWriter:
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
 
-    def save(self, state: dict, paths: Sequence[Path], after: Callable[[], None] | None = None) -> None:
-        """Write `state` (already copied with `to_host`) under each of `paths`, then run `after` (pruning)."""
+    def save(self, saves: Sequence[tuple[dict, Sequence[Path]]], after: Callable[[], None] | None = None) -> None:
+        """Write each state (already copied with `to_host`) under each of its paths, in order, then run `after`
+        (pruning)."""
         self.wait()
         if not self.background:
-            self._write(state, paths, after)
+            self._write(saves, after)
             return
-        self.thread = threading.Thread(target=self._write, args=(state, paths, after), name="nmt-checkpoint-writer",
+        self.thread = threading.Thread(target=self._write, args=(saves, after), name="nmt-checkpoint-writer",
                                        daemon=True)
         self.thread.start()
 
-    def _write(self, state: dict, paths: Sequence[Path], after: Callable[[], None] | None) -> None:
+    def _write(self, saves: Sequence[tuple[dict, Sequence[Path]]], after: Callable[[], None] | None) -> None:
         try:
-            save_checkpoint(state, *paths)
+            for state, paths in saves:
+                save_checkpoint(state, *paths)
             if after is not None:
                 after()
         except BaseException as e:  # handed to the training thread

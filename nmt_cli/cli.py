@@ -242,6 +242,10 @@ def train_cmd(
         rich_help_panel=P_STOP, help="Save a numbered checkpoint every N updates.")] = 0,
     save_interval_minutes: Annotated[float, typer.Option(
         rich_help_panel=P_STOP, help="Save a numbered checkpoint every M minutes.")] = 0.0,
+    state_interval_minutes: Annotated[float, typer.Option(rich_help_panel=P_STOP, help=(
+        "Save the full training state (checkpoint_last.pt: weights, Adam's moments, data position) every M "
+        "minutes, as well as at epoch ends and at the end; numbered and best checkpoints hold the weights only "
+        "(0: at epoch ends and the end only)."))] = 10.0,
     keep_last: Annotated[int, typer.Option(rich_help_panel=P_STOP, help="Numbered checkpoints to keep (0: all).")] = 5,
     valid_interval: Annotated[int, typer.Option(
         rich_help_panel=P_STOP, help="Validate every N updates (0: each epoch).")] = 0,
@@ -541,6 +545,8 @@ def serve_cmd(
         "API keys, one per line (also NMT_API_KEYS): POST /translate and GET /metrics then need "
         "'Authorization: Bearer <key>' (else 401)."))] = None,
     access_log: Annotated[str, typer.Option(help="One line per request on stderr: plain, json or off.")] = "plain",
+    page: Annotated[bool, typer.Option(help=(
+        "Answer GET / with a page to try the model in a browser (translation, n-best, scores, alignments)."))] = True,
     shutdown_seconds: Annotated[float, typer.Option(help=(
         "After SIGTERM: stop accepting, answer what is queued for up to this long, exit 0."))] = 30.0,
     device: DeviceFlag = None,
@@ -548,14 +554,15 @@ def serve_cmd(
     threads: ThreadsFlag = 0,
     engine: EngineFlag = Engine.auto,
 ) -> None:
-    """Serve translations over HTTP: POST /translate {"text": [...], "beam": 4}, GET /health, GET /metrics."""
+    """Serve translations over HTTP: POST /translate {"text": [...], "beam": 4}, a page to try them at GET /,
+    GET /health, GET /info, GET /metrics."""
     from .serve import serve_model
     from .serve_batching import ServeLimits
 
     limits = ServeLimits(batch_size, max_tokens, batch_wait_ms, max_queue, max_sentences, max_chars, max_body_bytes,
                          max_work, cache_mb, shutdown_seconds=shutdown_seconds)
     serve_model(model, host, port, limits, device.value if device else None, precision.value, threads,
-                engine.value, api_key_file, access_log, err, on_loaded=start_up_done)
+                engine.value, api_key_file, access_log, err, on_loaded=start_up_done, page=page)
 
 
 # ----------------------------------------------------------------------------- score

@@ -118,6 +118,15 @@ def build_spec(state: dict) -> Any:
     return spec
 
 
+def parameter_count(weights: dict) -> int:
+    """The model's parameters in a state dict, each tensor counted once however many names share it."""
+    seen: dict[int, int] = {}
+    for tensor in weights.values():
+        if tensor.is_floating_point():
+            seen[tensor.data_ptr()] = tensor.numel()
+    return sum(seen.values())
+
+
 def export_ctranslate2(checkpoint: str | Path, out: str | Path, quantization: str = "fp32",
                        force: bool = False) -> Path:
     """Write an nmt checkpoint as a self-contained CTranslate2 model folder; returns the folder."""
@@ -143,6 +152,8 @@ def export_ctranslate2(checkpoint: str | Path, out: str | Path, quantization: st
         meta = {"format": FORMAT, "source_lang": state["source_lang"], "target_lang": state["target_lang"],
                 "tokenizer": state.get("tokenizer") or {}, "max_positions": state["config"]["max_positions"],
                 "quantization": quantization, "exported_from": str(checkpoint),
+                "parameters": parameter_count(state["model"]), "layers": state["config"]["layers"],
+                "d_model": state["config"]["d_model"],
                 "decoding": stored_decoding(state, checkpoint),
                 "ctranslate2_version": ctranslate2.__version__}
         (model_dir / "nmt.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
@@ -180,6 +191,11 @@ class CTranslate2Translator(TextTranslator):
                          workers)
         self.translator = translator
         self.pieces = ct2_tokens(vocab)
+        self.meta = meta
+
+    def describe(self) -> dict:
+        return {**super().describe(), **{k: self.meta.get(k) for k in ("parameters", "layers", "d_model")},
+                "precision": self.meta.get("quantization")}
 
     @classmethod
     def from_dir(cls, path: str | Path, device: str | None = None, threads: int = 0,

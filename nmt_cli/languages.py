@@ -1,5 +1,5 @@
 """What nmt needs to know about a language, in one table: which codes are Chinese, which are written in CJK
-scripts, and which without spaces between words."""
+scripts, which without spaces between words, and which right to left."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ LANGUAGES = {
     "th": {"unspaced"}, "my": {"unspaced"}, "km": {"unspaced"}, "lo": {"unspaced"},
 }
 CHINESE_CODES = ("zh", "cmn", "yue", "wuu")
+# Written right to left (Arabic, Hebrew and Thaana scripts); iw is Hebrew's old code.
+RIGHT_TO_LEFT = ("ar", "arz", "ckb", "dv", "fa", "he", "iw", "ps", "sd", "ug", "ur", "yi")
 
 
 def base_language(lang: str) -> str:
@@ -37,3 +39,8 @@ def is_asian(lang: str) -> bool:
     """CJK or written without spaces: where sacreBLEU's TER needs its Asian support and tokenized BLEU's
     compound splitting means nothing."""
     return base_language(lang) in LANGUAGES
+
+
+def is_right_to_left(lang: str) -> bool:
+    """Whether `lang` is written right to left (a page shows its text with dir="rtl")."""
+    return base_language(lang) in RIGHT_TO_LEFT

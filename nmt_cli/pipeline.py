@@ -186,6 +186,14 @@ class TextTranslator:
         settings = {**PAPER_DECODING, **self.decoding}
         return (settings["beam"] if beam is None else beam), (settings["lenpen"] if lenpen is None else lenpen)
 
+    def describe(self) -> dict:
+        """What a person trying the model wants to know about it: its languages, its size where known
+        ("parameters", "layers", "d_model"), and the decoding settings it searches with by default."""
+        beam, lenpen = self.search_settings()
+        return {"source_lang": self.source_lang, "target_lang": self.target_lang, "parameters": None,
+                "layers": None, "d_model": None, "beam": beam, "lenpen": lenpen,
+                "chosen": self.decoding.get("chosen")}
+
     def settings_note(self, beam: int | None, lenpen: float | None) -> str | None:
         """A line saying which search settings came from the model file (those not given), or None."""
         taken = [f"{name} {self.decoding[key]:g}" for key, name, given in

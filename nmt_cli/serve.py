@@ -5,6 +5,8 @@
                      -> {"translations": [...] (or one string), "scores": [...], "warnings": [...]}
     GET  /health     -> {"status": "ok", "engine": ..., "queued_sentences": N, "translate_seconds": S, ...}
     GET  /metrics    -> Prometheus text format (prometheus_client)
+    GET  /info       -> the model: languages, size, default decoding, what a request may ask (the page reads it)
+    GET  /           -> a page to try the model in a browser (nmt_cli/page.html; off with `page=False`)
 
 Every request is bounded before it takes memory: the body (`max_body_bytes`, counted while it is read), the
 sentences and characters, and the decoder work (sentences x beam x length limit, `max_work`). Errors are JSON
@@ -32,12 +34,13 @@ from .serve_requests import DEFAULTS, HTTPError, answer, parse_request, read_bod
 
 def create_app(translator: TextTranslator, limits: ServeLimits = ServeLimits(), engine: str = "nmt",
                executor: ThreadPoolExecutor | None = None, api_keys: tuple[str, ...] = (),
-               access_log: str = "off") -> Any:
+               access_log: str = "off", page: bool = True) -> Any:
     """The FastAPI application serving `translator`, translating on `executor` (one thread; by default a new
-    `translator_thread`). With `api_keys`, POST /translate and GET /metrics need one as a Bearer token."""
+    `translator_thread`). With `api_keys`, POST /translate and GET /metrics need one as a Bearer token; the
+    page (GET /, unless `page` is False) loads without one."""
     try:
         from fastapi import FastAPI, Request
-        from fastapi.responses import JSONResponse, Response
+        from fastapi.responses import HTMLResponse, JSONResponse, Response
     except ImportError:
         raise NmtError(INSTALL_HINT) from None
     from contextlib import asynccontextmanager
@@ -77,6 +80,19 @@ def create_app(translator: TextTranslator, limits: ServeLimits = ServeLimits(), 
                 "queued_sentences": batcher.queued_sentences,
                 "translated_sentences": batcher.translated_sentences, "batches": batcher.batches,
                 "translate_seconds": round(batcher.translate_seconds, 6)}
+
+    about = model_info(translator, engine, limits, bool(api_keys))
+
+    @app.get("/info")
+    async def info() -> dict:
+        return about
+
+    if page:
+        html = page_html()
+
+        @app.get("/")
+        async def try_page() -> HTMLResponse:
+            return HTMLResponse(html)
 
     @app.get("/metrics")
     async def prometheus(request: Request) -> Any:
@@ -132,13 +148,33 @@ def create_app(translator: TextTranslator, limits: ServeLimits = ServeLimits(), 
     @app.exception_handler(404)
     async def not_found(request: Request, exc: Exception) -> JSONResponse:
         return error(404, f"no such endpoint: {request.method} {request.url.path} "
-                          "(use POST /translate, GET /health, GET /metrics)")
+                          f"(use POST /translate, GET /health, GET /info, GET /metrics{', GET /' if page else ''})")
 
     @app.exception_handler(405)
     async def wrong_method(request: Request, exc: Exception) -> JSONResponse:
         return error(405, f"{request.method} not allowed on {request.url.path}")
 
     return app
+
+
+def model_info(translator: TextTranslator, engine: str, limits: ServeLimits, keys_required: bool) -> dict:
+    """GET /info: the model (`TextTranslator.describe`), the engine, how each side's words are counted in
+    alignments and which way it is written, the request limits, and whether an API key is needed."""
+    from .languages import is_right_to_left, is_unspaced
+
+    described = translator.describe()
+    sides = {f"{side}_{key}": value for side in ("source", "target") for key, value in (
+        ("units", "characters" if is_unspaced(described[f"{side}_lang"]) else "words"),
+        ("direction", "rtl" if is_right_to_left(described[f"{side}_lang"]) else "ltr"))}
+    return {"engine": engine, **described, **sides, "alignments": hasattr(translator, "align"),
+            "max_sentences": limits.max_sentences, "max_chars": limits.max_chars, "api_key": keys_required}
+
+
+def page_html() -> str:
+    """The page GET / serves: one file, its style and script inline, nothing fetched from elsewhere."""
+    from importlib.resources import files
+
+    return files(__package__).joinpath("page.html").read_text(encoding="utf-8")
 
 
 async def _wait_for_disconnect(request: Any) -> None:
@@ -164,7 +200,7 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 def serve(translator: TextTranslator, host: str, port: int, limits: ServeLimits, engine: str,
           on_ready: Any = None, executor: ThreadPoolExecutor | None = None, api_keys: tuple[str, ...] = (),
-          access_log: str = "plain") -> None:
+          access_log: str = "plain", page: bool = True) -> None:
     """Run the HTTP server until SIGTERM or Ctrl-C; batches run on `executor` (the thread that loaded
     `translator`, see `translator_thread`). SIGTERM stops accepting connections, answers what is queued (for
     up to `limits.shutdown_seconds`) and returns, so the process exits 0."""
@@ -172,7 +208,7 @@ def serve(translator: TextTranslator, host: str, port: int, limits: ServeLimits,
         import uvicorn
     except ImportError:
         raise NmtError(INSTALL_HINT) from None
-    app = create_app(translator, limits, engine, executor, api_keys, access_log)
+    app = create_app(translator, limits, engine, executor, api_keys, access_log, page)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=limits.shutdown_seconds)
     server = uvicorn.Server(config)
@@ -194,7 +230,7 @@ def serve(translator: TextTranslator, host: str, port: int, limits: ServeLimits,
 
 def serve_model(models: list[Path], host: str, port: int, limits: ServeLimits, device: str | None,
                 precision: str, threads: int, engine: str, api_key_file: Path | None, access_log: str,
-                console: Any, on_loaded: Any = None) -> None:
+                console: Any, on_loaded: Any = None, page: bool = True) -> None:
     """`nmt serve`: check every option (one line for a bad one, before the model loads), load the model on
     the translator thread and serve it until SIGTERM or Ctrl-C."""
     import os
@@ -220,6 +256,6 @@ def serve_model(models: list[Path], host: str, port: int, limits: ServeLimits, d
         on_loaded()
     runs_on = "ctranslate2" if isinstance(translator, CTranslate2Translator) else "nmt"
     serve(translator, host, port, limits, runs_on, on_ready=lambda: console.print(
-        f"serving {models[0]} ({runs_on}) on http://{host}:{port} (POST /translate, GET /health, GET /metrics"
-        f"{'; API keys required' if api_keys else ''})", markup=False, highlight=False), executor=executor,
-        api_keys=api_keys, access_log=access_log)
+        f"serving {models[0]} ({runs_on}) on http://{host}:{port} ({'a page to try it at /; ' if page else ''}"
+        f"POST /translate, GET /health, GET /info, GET /metrics{'; API keys required' if api_keys else ''})",
+        markup=False, highlight=False), executor=executor, api_keys=api_keys, access_log=access_log, page=page)

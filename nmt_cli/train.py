@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from . import TRAINING_KERNEL_CACHE, __version__, size_kernel_cache
 from . import distributed as D
-from .checkpoint import CheckpointWriter, load_checkpoint, numbered_checkpoints, to_host
+from .checkpoint import CheckpointWriter, load_checkpoint, model_only, numbered_checkpoints, to_host
 from .data import Batch, DataDir, collate, make_batches, prefetch, shuffled
 from .errors import NmtError
 from .model import ModelConfig, Transformer, count_parameters, make_config
@@ -97,6 +97,8 @@ def check_options(opts: TrainOptions) -> None:
         ("--max-time", opts.max_time, opts.max_time >= 0, "0 (no limit) or more"),
         ("--save-interval-updates", opts.save_interval_updates, opts.save_interval_updates >= 0, "0 (off) or more"),
         ("--save-interval-minutes", opts.save_interval_minutes, opts.save_interval_minutes >= 0, "0 (off) or more"),
+        ("--state-interval-minutes", opts.state_interval_minutes, opts.state_interval_minutes >= 0,
+         "0 (epoch ends only) or more"),
         ("--keep-last", opts.keep_last, opts.keep_last >= 0, "0 (all) or more"),
         ("--valid-interval", opts.valid_interval, opts.valid_interval >= 0, "0 (each epoch) or more"),
         ("--patience", opts.patience, opts.patience >= 0, "0 (off) or more"),
@@ -411,7 +413,7 @@ class Trainer:
             if opts.init_from is not None and not self.resumed:
                 self.validate_starting_point()
             self.start = time.monotonic() - state.elapsed
-            self.last_interval_save = time.monotonic()
+            self.last_interval_save = self.last_state_save = time.monotonic()
             reason = None
             # A terminal gets a live bar; a log file (nohup, SLURM, `> log`) gets plain timestamped lines.
             self.plain = ctx.is_main and not opts.quiet and not sys.stdout.isatty()
@@ -456,9 +458,8 @@ class Trainer:
         opts, ctx, state = self.opts, self.ctx, self.state
         metrics, state.best = self.validation_metrics()
         self.log.write({"event": "valid", "update": 0, **metrics, "best": state.best, "baseline": True})
-        rngs = D.gather_objects(rng_state(self.device), ctx)
         if ctx.is_main:
-            self.writer.save(self.host_copy(rngs), [self.save_dir / "checkpoint_best.pt"])
+            self.writer.save([(self.host_copy(None), [self.save_dir / "checkpoint_best.pt"])])
             if not opts.quiet:
                 shown = f"update 0 (the --init-from model): {metrics_line(metrics)} (best)"
                 if sys.stdout.isatty():
@@ -497,7 +498,7 @@ class Trainer:
         loss, global_tokens, shared = train_step(self.runner, self.model, micro, self.optimizer, self.scaler, opts,
                                                  self.ctx, self.device, lambda: self.host_flags(time.monotonic()))
         now = time.monotonic()
-        time_up, save_due, signalled = self.read_flags(shared)
+        time_up, save_due, state_due, signalled = self.read_flags(shared)
         skipped = global_tokens is None
         state.batch_pos += len(micro)
         end_of_epoch = state.batch_pos >= batches_in_epoch
@@ -515,7 +516,7 @@ class Trainer:
         if not skipped and (state.updates % opts.log_interval == 0 or reason is not None):
             self.log_train(lr, now, end_of_epoch)
         self.bar.update(self.task, completed=state.updates)
-        return self.validate_and_save(end_of_epoch, skipped, save_due, reason)
+        return self.validate_and_save(end_of_epoch, skipped, save_due, reason, state_due)
 
     def budget_used(self) -> float:
         """The share of the training budget spent so far: the larger of updates / --max-updates and
@@ -529,22 +530,25 @@ class Trainer:
         return max(shares)
 
     def host_flags(self, now: float) -> list[float]:
-        """This process's view of: time limit reached, minute interval due, SIGTERM, SIGINT received, seconds
-        of training; `train_step` sums them over processes with its loss (no extra host read)."""
+        """This process's view of: time limit reached, minute interval due, full state due, SIGTERM, SIGINT
+        received, seconds of training; `train_step` sums them over processes with its loss (no extra host
+        read)."""
         opts = self.opts
         elapsed = now - self.start
         save_due = opts.save_interval_minutes > 0 and now - self.last_interval_save >= opts.save_interval_minutes * 60
-        return [float(opts.max_time > 0 and elapsed >= opts.max_time * 60), float(save_due),
+        state_due = (opts.state_interval_minutes > 0
+                     and now - self.last_state_save >= opts.state_interval_minutes * 60)
+        return [float(opts.max_time > 0 and elapsed >= opts.max_time * 60), float(save_due), float(state_due),
                 float(self.stops.requested == "SIGTERM"), float(self.stops.requested == "SIGINT"), elapsed]
 
-    def read_flags(self, summed: list[float]) -> tuple[bool, bool, str | None]:
-        """Time limit reached, minute interval due, stop signal received: the same on every process (each
-        flag raised by any process counts; the clock is the processes' mean, so a time-based --cooldown gives
-        them the same learning rate)."""
-        time_up, save_due, sigterm, sigint, elapsed = summed
+    def read_flags(self, summed: list[float]) -> tuple[bool, bool, bool, str | None]:
+        """Time limit reached, minute interval due, full state due, stop signal received: the same on every
+        process (each flag raised by any process counts; the clock is the processes' mean, so a time-based
+        --cooldown gives them the same learning rate)."""
+        time_up, save_due, state_due, sigterm, sigint, elapsed = summed
         self.state.elapsed = elapsed / self.ctx.world_size
         signalled = "SIGINT" if sigint > 0 else "SIGTERM" if sigterm > 0 else None
-        return time_up > 0, save_due > 0, signalled
+        return time_up > 0, save_due > 0, state_due > 0, signalled
 
     def should_stop(self, end_of_epoch: bool, time_up: bool, signalled: str | None) -> str | None:
         """Why training stops after this update, if it does."""
@@ -593,8 +597,13 @@ class Trainer:
             left.append(state.elapsed / state.updates * (opts.max_updates - state.updates))
         return min(left) if left else None
 
-    def validate_and_save(self, end_of_epoch: bool, skipped: bool, save_due: bool, reason: str | None) -> str | None:
-        """Validation and checkpoints after an update; returns the stop reason (patience may add one)."""
+    def validate_and_save(self, end_of_epoch: bool, skipped: bool, save_due: bool, reason: str | None,
+                          state_due: bool = False) -> str | None:
+        """Validation and checkpoints after an update; returns the stop reason (patience may add one).
+        Numbered checkpoints (for averaging) and the best one hold the weights; checkpoint_last.pt, the full
+        training state for an exact resume, is written at epoch ends, at the end, on a stop signal and every
+        --state-interval-minutes: on a GPU the numbered ones come every few seconds, and Adam's moments would
+        double what each of them writes and stalls."""
         opts, state, ctx = self.opts, self.state, self.ctx
         updates = state.updates
         signalled = reason in EXIT_CODES
@@ -609,7 +618,7 @@ class Trainer:
         else:
             numbered = end_of_epoch
         numbered = numbered or finished  # the final update is always numbered: `nmt average --last N` ends there
-        do_save = numbered or end_of_epoch or reason is not None
+        full_state = end_of_epoch or reason is not None or state_due
         improved = False
         if do_valid:
             metrics, value = self.validation_metrics()
@@ -628,22 +637,28 @@ class Trainer:
                     self.bar.console.print(shown)
             if opts.patience and state.bad_validations >= opts.patience and reason is None:
                 reason = "patience"
-                do_save = numbered = True
-        if do_save or improved:
-            rngs = D.gather_objects(rng_state(self.device), ctx)
+                full_state = numbered = True
+        if full_state or numbered or improved:
+            rngs = D.gather_objects(rng_state(self.device), ctx) if full_state else None
             if ctx.is_main:
-                paths = ([self.save_dir / f"checkpoint_{updates}.pt"] if numbered else []) + \
-                    ([self.last_path] if do_save else []) + ([self.save_dir / "checkpoint_best.pt"] if improved else [])
-                self.writer.save(self.host_copy(rngs), paths, self.prune if numbered else None)
+                weights = ([self.save_dir / f"checkpoint_{updates}.pt"] if numbered else []) + \
+                    ([self.save_dir / "checkpoint_best.pt"] if improved else [])
+                copy = self.host_copy(rngs)
+                saves = ([(model_only(copy), weights)] if weights else []) + \
+                    ([(copy, [self.last_path])] if full_state else [])
+                self.writer.save(saves, self.prune if numbered else None)
+            now = time.monotonic()
             if save_due:
-                self.last_interval_save = time.monotonic()
+                self.last_interval_save = now
+            if full_state:
+                self.last_state_save = now
         if signalled:
             self.log.write({"event": "stop", "signal": reason, "update": updates})
         return reason
 
-    def host_copy(self, rngs: list) -> dict:
+    def host_copy(self, rngs: list | None) -> dict:
         """The checkpoint's contents copied to host memory (the writer serializes the copy while training
-        changes the live tensors)."""
+        changes the live tensors): the full training state, or without `rngs` the weights only."""
         return to_host(self.checkpoint(rngs))
 
     def prune(self) -> None:
@@ -652,10 +667,11 @@ class Trainer:
             for old in numbered_checkpoints(self.save_dir)[: -self.opts.keep_last]:
                 old.unlink(missing_ok=True)
 
-    def checkpoint(self, rngs: list) -> dict:
-        """Everything a checkpoint holds: the self-contained model and the complete training state."""
+    def checkpoint(self, rngs: list | None) -> dict:
+        """What a checkpoint holds: the self-contained model and, given the processes' `rngs`, the complete
+        training state."""
         data = self.data
-        return {
+        model = {
             "model": self.model.state_dict(),
             "config": self.model.config.to_dict(),
             "vocab": data.vocab.symbols,
@@ -664,12 +680,12 @@ class Trainer:
             "source_lang": data.source_lang,
             "target_lang": data.target_lang,
             "tokenizer": data.meta.get("tokenizer", {}),
-            "optimizer": self.optimizer.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "rng": rngs,
-            "progress": self.state.to_dict(),
             "updates": self.state.updates,
         }
+        if rngs is None:
+            return model
+        return {**model, "optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(), "rng": rngs,
+                "progress": self.state.to_dict()}
 
 
 BUFFER_SYNC_FLAG = ("forward_sync_buffers" if "forward_sync_buffers" in

@@ -33,6 +33,7 @@ class TrainOptions:
     device: str | None = None
     save_interval_updates: int = 0
     save_interval_minutes: float = 0.0
+    state_interval_minutes: float = 10.0  # the full training state (checkpoint_last.pt) at least this often
     keep_last: int = 5
     valid_interval: int = 0  # updates; 0 validates at the end of each epoch
     eval_bleu: bool = False

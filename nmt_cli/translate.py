@@ -80,6 +80,12 @@ class Translator(TextTranslator):
         translator.decoding = stored_decoding(first, paths[0])  # an ensemble searches as its first model would
         return translator
 
+    def describe(self) -> dict:
+        model = self.ensemble.models[0]
+        return {**super().describe(), "parameters": sum(p.numel() for p in model.parameters()),
+                "layers": model.config.layers, "d_model": model.config.d_model,
+                "ensemble": len(self.ensemble.models), "precision": self.precision}
+
     def alignment_layer(self, layer: int | None) -> int:
         """The encoder-decoder attention layer (0-based) alignments read: `layer` (1-based), or by default the
         second to last, the last for models of 1 or 2 layers (docs/design.md, "Attention and alignments")."""

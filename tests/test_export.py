@@ -64,6 +64,8 @@ def test_exported_model_translates_exactly_like_nmt(multi30k_tiny, exported, val
     nmt = Translator.from_checkpoint(multi30k_tiny[0])
     ct = CTranslate2Translator.from_dir(exported["float32"])
     assert ct.translate(val[0], **options) == nmt.translate(val[0], **options)
+    described = {k: v for k, v in nmt.describe().items() if k not in ("ensemble", "precision")}
+    assert {**ct.describe(), "precision": None} == {**described, "precision": None}  # what serve's /info shows
 
 
 def test_exported_model_keeps_nmts_length_limit_on_an_untrained_model(multi30k_tiny, tmp_path, val):

@@ -251,8 +251,9 @@ def test_background_save_writes_its_updates_state_while_training_goes_on(toy_dat
         assert a["updates"] == b["updates"]
         for key in a["model"]:
             assert torch.equal(a["model"][key], b["model"][key]), (name, key)
-        for x, y in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
-            assert all(torch.equal(x[k], y[k]) for k in x), name
+        if name == "checkpoint_last.pt":  # the full state; numbered checkpoints hold the weights only
+            for x, y in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+                assert all(torch.equal(x[k], y[k]) for k in x), name
 
 
 def test_full_disk_while_saving_keeps_the_previous_checkpoint(toy_data, tmp_path, monkeypatch):

@@ -26,11 +26,11 @@ class Server:
     """An nmt server in a background thread, on a free loopback port."""
 
     def __init__(self, translator, limits: ServeLimits, executor: ThreadPoolExecutor | None = None,
-                 api_keys: tuple[str, ...] = ()) -> None:
+                 api_keys: tuple[str, ...] = (), page: bool = True) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        config = uvicorn.Config(create_app(translator, limits, executor=executor, api_keys=api_keys),
+        config = uvicorn.Config(create_app(translator, limits, executor=executor, api_keys=api_keys, page=page),
                                 host="127.0.0.1", port=self.port, log_level="error")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -60,7 +60,8 @@ class Server:
         try:
             with urllib.request.urlopen(request, timeout=60) as response:
                 raw = response.read()
-                return response.status, raw.decode() if path == "/metrics" else json.loads(raw)
+                text = response.headers.get_content_type() != "application/json"
+                return response.status, raw.decode() if text else json.loads(raw)
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read())
 

@@ -188,6 +188,43 @@ def test_checkpoints_kept_and_best(toy_data, tmp_path, keep_last):
     assert not list(save.glob("*.tmp"))
 
 
+def test_numbered_and_best_checkpoints_hold_the_weights_and_the_full_state_comes_by_the_clock(
+        toy_data, tmp_path, monkeypatch):
+    """Numbered and best checkpoints: the weights (what averaging and translation read), well under the full
+    state's size; checkpoint_last.pt, the full state, at epoch ends, at the end, and every
+    --state-interval-minutes (here: due at every update), never merely because a numbered one was saved."""
+    from nmt_cli import checkpoint as checkpoint_module
+
+    written: list[tuple[str, bool, int]] = []
+    real_save = checkpoint_module.save_checkpoint
+
+    def recording_save(state, *paths):
+        real_save(state, *paths)
+        written.extend((Path(p).name, "optimizer" in state, state["updates"]) for p in paths)
+
+    monkeypatch.setattr(checkpoint_module, "save_checkpoint", recording_save)
+    save = tmp_path / "ck"
+    train(_opts(toy_data, save, max_updates=20, save_interval_updates=2, keep_last=0, valid_interval=3,
+                max_tokens=1024, state_interval_minutes=0, background_save=False, log_interval=1))
+    steps = [r for r in map(json.loads, (save / "train.jsonl").read_text().splitlines()) if r["event"] == "train"]
+    epoch_ends = {r["update"] for r, after in zip(steps, steps[1:]) if after["epoch"] > r["epoch"]}
+    assert epoch_ends  # the run crosses epochs, so the test sees full states there
+    assert all(not full for name, full, _ in written if name != "checkpoint_last.pt")
+    assert all(full for name, full, _ in written if name == "checkpoint_last.pt")
+    numbered = [u for name, _, u in written if name.split("_")[1][:-3].isdigit()]
+    assert numbered == list(range(2, 21, 2))
+    last = [u for name, _, u in written if name == "checkpoint_last.pt"]
+    assert last[-1] == 20 and set(last) <= epoch_ends | {20}
+    full_size = (save / "checkpoint_last.pt").stat().st_size
+    assert (save / "checkpoint_20.pt").stat().st_size < 0.5 * full_size
+    assert set(load_checkpoint(save / "checkpoint_best.pt")) >= {"model", "config", "vocab", "updates"}
+
+    written.clear()
+    train(_opts(toy_data, tmp_path / "clock", max_updates=6, save_interval_updates=3, state_interval_minutes=1e-9,
+                background_save=False))
+    assert [u for name, _, u in written if name == "checkpoint_last.pt"] == [1, 2, 3, 4, 5, 6]
+
+
 def test_eval_bleu_and_patience(toy_data, tmp_path):
     """--eval-bleu picks the best checkpoint by valid BLEU; --patience stops after validations without gains."""
     save = tmp_path / "ck"
