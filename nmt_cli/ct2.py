@@ -68,6 +68,7 @@ def build_spec(state: dict) -> Any:
     spec = transformer_spec.TransformerSpec.from_config(c.layers, c.heads, pre_norm=c.pre_norm,
                                                         activation=common_spec.Activation.RELU)
     weights = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    weights["embed.weight"] = weights["embed.weight"][: c.vocab_size]  # without padding rows (`ModelConfig.rows`)
     d = c.d_model
     # The paper's sinusoids interleave sin and cos (section 3.5); CTranslate2's built-in ones are concatenated,
     # so the exact table is stored (or the learned one). Row 0 is the first token's position, as in nmt.

@@ -98,7 +98,7 @@ def marian_state_dict(state: dict) -> tuple[dict, dict]:
     d, perm = c.d_model, marian_permutation(c.d_model)
     w = {k: v.detach().float() for k, v in model.state_dict().items()}
     out = bart_layers(w, c.layers, perm)
-    embed = w["embed.weight"][:, perm].contiguous()
+    embed = w["embed.weight"][: c.vocab_size, perm].contiguous()  # without padding rows (`ModelConfig.rows`)
     for name in ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
                  "lm_head.weight"):
         out[name] = embed
@@ -135,7 +135,7 @@ def fsmt_state_dict(state: dict) -> tuple[dict, dict]:
     out = bart_layers(w, c.layers, torch.arange(d))  # FSMT keeps nmt's dimension order
     for name in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
                  "model.decoder.output_projection.weight"):
-        out[name] = w["embed.weight"]
+        out[name] = w["embed.weight"][: c.vocab_size]
     out["model.encoder.embed_positions.weight"] = out["model.decoder.embed_positions.weight"] = positions
     config = dict(
         langs=[state["source_lang"], state["target_lang"]], src_vocab_size=len(vocab), tgt_vocab_size=len(vocab),

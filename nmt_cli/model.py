@@ -35,6 +35,15 @@ class ModelConfig:
     pad: int = 0
     head_dim: int | None = None  # d_k = d_v; None: d_model / heads (the paper's, except Table 3 rows A and B)
     learned_positions: bool = False  # learned position embeddings instead of sinusoids (Table 3 row E)
+    # Embedding rows padded to a multiple of this: the output layer's product then has aligned widths for
+    # tensor cores and vector units (fairseq pads its dictionary to 8). Padding rows stay zero and are never
+    # predicted (masked in the loss and the search); exports strip them. 1 for checkpoints from before.
+    vocab_multiple: int = 1
+
+    @property
+    def rows(self) -> int:
+        """Rows of the embedding (and output) matrix: vocab_size rounded up to a multiple of vocab_multiple."""
+        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
 
     @property
     def dk(self) -> int:
@@ -58,11 +67,18 @@ PRESETS: dict[str, dict] = {
 }
 
 
-def make_config(arch: str, vocab_size: int, pad: int = 0, **overrides) -> ModelConfig:
+# Embedding rows come in multiples of this (`ModelConfig.vocab_multiple`): CUDA's tensor-core tiles fill best
+# at 64 (fairseq pads to 8), and on CPU 64 measured as fast as 8 or faster (docs/benchmarks.md); one value for
+# every device keeps a checkpoint's shape the same wherever it was trained.
+VOCAB_MULTIPLE = 64
+
+
+def make_config(arch: str, vocab_size: int, pad: int = 0, vocab_multiple: int = VOCAB_MULTIPLE,
+                **overrides) -> ModelConfig:
     """A preset's config with the overrides that are not None applied."""
     if arch not in PRESETS:
         raise NmtError(f"unknown --arch {arch!r} (choose from {', '.join(PRESETS)})")
-    config = ModelConfig(vocab_size=vocab_size, pad=pad, **PRESETS[arch])
+    config = ModelConfig(vocab_size=vocab_size, pad=pad, vocab_multiple=vocab_multiple, **PRESETS[arch])
     config = replace(config, **{k: v for k, v in overrides.items() if v is not None})
     if config.head_dim is None and config.d_model % config.heads:
         raise NmtError(f"--d-model {config.d_model} is not divisible by --heads {config.heads} (or give --head-dim)")
@@ -434,6 +450,10 @@ class Transformer(nn.Module):
         super().__init__()
         c = self.config = config
         self.embed = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad)
+        if c.rows > c.vocab_size:  # grown after construction: initialization draws the same random numbers
+            padding = torch.zeros(c.rows - c.vocab_size, c.d_model)
+            self.embed.weight = nn.Parameter(torch.cat([self.embed.weight.data, padding]))
+            self.embed.num_embeddings = c.rows
         self.packed_output: PackedWeight | None = None  # the embedding matrix as the output layer's weight
         # Sinusoids (section 3.5), or learned position embeddings (Table 3 row E: "nearly identical results").
         self.register_buffer("positions", sinusoidal_positions(c.max_positions, c.d_model), persistent=False)
@@ -451,9 +471,11 @@ class Transformer(nn.Module):
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
                 nn.init.zeros_(module.bias)
-        nn.init.normal_(self.embed.weight, mean=0.0, std=self.config.d_model**-0.5)
+        c = self.config
         with torch.no_grad():
-            self.embed.weight[self.config.pad].zero_()
+            nn.init.normal_(self.embed.weight[: c.vocab_size], mean=0.0, std=c.d_model**-0.5)
+            self.embed.weight[c.vocab_size :].zero_()  # padding rows (`ModelConfig.rows`)
+            self.embed.weight[c.pad].zero_()
         if self.position_embed is not None:  # as fairseq's learned positions: N(0, d^-1/2)
             nn.init.normal_(self.position_embed, mean=0.0, std=self.config.d_model**-0.5)
 
@@ -510,8 +532,9 @@ class Transformer(nn.Module):
         return self.decoder_norm(x)
 
     def logits(self, hidden: Tensor) -> Tensor:
-        """Output projection with the shared embedding matrix: (..., d) -> (..., V)."""
-        return linear(hidden, self.embed.weight, packed=self.packed_output)
+        """Output projection with the shared embedding matrix: (..., d) -> (..., V), the padding rows left out."""
+        logits = linear(hidden, self.embed.weight, packed=self.packed_output)
+        return logits[..., : self.config.vocab_size] if self.config.rows > self.config.vocab_size else logits
 
     def forward(self, src: Tensor, prev_output: Tensor) -> Tensor:
         """Decoder hidden states (B, T, d) for teacher forcing; apply `logits` to the positions you need."""

@@ -197,11 +197,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, smoothing: float, chunk: int,
-                compute_dtype: torch.dtype) -> Tensor:
-        vocab = weight.shape[0]
+                compute_dtype: torch.dtype, vocab: int) -> Tensor:
+        padded = vocab < weight.shape[0]  # rows past `vocab` are padding: their logits are masked
         with torch.autocast(hidden.device.type, enabled=False):
             h, w = hidden.to(compute_dtype), weight.to(compute_dtype)
-            w_mean = weight.float().mean(0)  # (d,): the mean logit of a row is h . w_mean
+            w_mean = weight[:vocab].float().mean(0)  # (d,): the mean logit of a row is h . w_mean
             grad_hidden = torch.empty_like(h)  # (N, d)
             grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)  # (V, d)
             total = torch.zeros((), dtype=torch.float32, device=hidden.device)
@@ -216,6 +216,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     # not build and cache new kernels for each batch. Zero rows add nothing to grad_weight.
                     hc = torch.cat([hc, hc.new_zeros(chunk - rows, hc.shape[1])])
                 logits = hc @ w.t()  # (chunk, V) in the compute dtype
+                if padded:
+                    logits[:, vocab:] = -math.inf  # never predicted; their gradients come out zero
                 # One fused kernel (float32 arithmetic inside, even for bf16 logits) instead of the casts,
                 # logsumexp, subtraction and exp it replaces: d loss / d logits = softmax - eps / V
                 # - (1 - eps) * onehot(target); the other two terms are folded into the products below.
@@ -239,7 +241,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 grad_weight += (p.t() @ hc).float()
                 hidden_sum += hc_real.sum(0)
                 grad_weight.index_add_(0, tc, hc_real, alpha=-(1 - smoothing))
-            grad_weight -= (smoothing / vocab) * hidden_sum  # the eps / V term, once for all rows
+            grad_weight[:vocab] -= (smoothing / vocab) * hidden_sum  # the eps / V term, once for all rows
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.dtypes = (hidden.dtype, weight.dtype)
         return total
@@ -249,7 +251,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_hidden, grad_weight = ctx.saved_tensors
         hidden_dtype, weight_dtype = ctx.dtypes
         return ((grad_hidden * grad_output).to(hidden_dtype), (grad_weight * grad_output).to(weight_dtype),
-                None, None, None, None)
+                None, None, None, None, None)
 
 
 # Rows of the output projection per chunk of the fused loss. CPU: 256 keeps a (rows x V) chunk in cache and
@@ -264,26 +266,31 @@ def loss_chunk_rows(device: torch.device) -> int:
 
 
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, smoothing: float = 0.0,
-                         chunk: int = 256) -> Tensor:
+                         chunk: int = 256, vocab: int | None = None) -> Tensor:
     """Summed label-smoothed cross-entropy of logits `hidden @ weight^T` against `target`.
 
     hidden (N, d), weight (V, d), target (N,). Equals F.cross_entropy(hidden @ weight.T, target,
     label_smoothing=smoothing, reduction="sum") but never holds the (N, V) logits: rows are processed
     in chunks and, when gradients are needed, theirs are computed in the same pass (as the Liger
     kernel does), so the backward pass is two scalings. Under autocast the matmuls run in its dtype.
+    With `vocab` < V, the rows from `vocab` on are padding: the loss is over the first `vocab` columns (the
+    product still runs over all V, whose width is aligned) and the padding rows' gradient is zero.
     """
     device = hidden.device.type
     compute_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+    vocab = weight.shape[0] if vocab is None else vocab
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-        return _LinearCrossEntropy.apply(hidden, weight, target, smoothing, chunk, compute_dtype)
-    return linear_cross_entropy_and_nll(hidden, weight, target, smoothing, chunk)[0]
+        return _LinearCrossEntropy.apply(hidden, weight, target, smoothing, chunk, compute_dtype, vocab)
+    return linear_cross_entropy_and_nll(hidden, weight, target, smoothing, chunk, vocab)[0]
 
 
 @torch.no_grad()
 def linear_cross_entropy_and_nll(hidden: Tensor, weight: Tensor, target: Tensor, smoothing: float = 0.0,
-                                 chunk: int = 256) -> tuple[Tensor, Tensor]:
+                                 chunk: int = 256, vocab: int | None = None) -> tuple[Tensor, Tensor]:
     """Summed label-smoothed cross-entropy and summed negative log-likelihood of the same logits, in one pass
-    and without gradients (validation). Shapes as in `linear_cross_entropy`; both results float32 scalars."""
+    and without gradients (validation). Shapes and `vocab` as in `linear_cross_entropy`; both results float32
+    scalars."""
+    vocab = weight.shape[0] if vocab is None else vocab
     device = hidden.device.type
     compute_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
     loss = hidden.new_zeros((), dtype=torch.float32)
@@ -292,9 +299,10 @@ def linear_cross_entropy_and_nll(hidden: Tensor, weight: Tensor, target: Tensor,
         w = weight.to(compute_dtype)
         for start in range(0, hidden.shape[0], chunk):
             logits = (hidden[start : start + chunk].to(compute_dtype) @ w.t()).float()  # (chunk, V)
+            logits[:, vocab:] = -math.inf  # padding rows, if any
             lse = torch.logsumexp(logits, dim=-1)
             token_nll = lse - logits.gather(1, target[start : start + chunk, None]).squeeze(1)
-            uniform = lse - logits.mean(-1)  # cross-entropy against the uniform distribution
+            uniform = lse - logits[:, :vocab].mean(-1)  # cross-entropy against the uniform distribution
             nll += token_nll.sum()
             loss += ((1 - smoothing) * token_nll + smoothing * uniform).sum()
     return loss, nll
@@ -331,26 +339,30 @@ def topk_rows(x: Tensor, k: int, group: int | None = None) -> tuple[Tensor, Tens
 
 
 def linear_log_softmax_topk(hidden: Tensor, weight: Tensor, k: int, exclude: tuple[int, ...] = (),
-                            packed: PackedWeight | None = None) -> tuple[Tensor, Tensor, Tensor]:
+                            packed: PackedWeight | None = None, vocab: int | None = None,
+                            ) -> tuple[Tensor, Tensor, Tensor]:
     """The k largest entries per row of log_softmax(hidden @ weight^T), float32: a decoding step's output layer.
 
     hidden (N, d), weight (V, d). Returns values (N, k), their columns (N, k) and all log-probabilities
     (N, V) (`linear_log_softmax`); the top-k is `topk_rows`.
     """
-    log_probs = linear_log_softmax(hidden, weight, exclude, packed)
+    log_probs = linear_log_softmax(hidden, weight, exclude, packed, vocab)
     values, columns = topk_rows(log_probs, k)
     return values, columns, log_probs
 
 
 def linear_log_softmax(hidden: Tensor, weight: Tensor, exclude: tuple[int, ...] = (),
-                       packed: PackedWeight | None = None) -> Tensor:
+                       packed: PackedWeight | None = None, vocab: int | None = None) -> Tensor:
     """log_softmax(hidden @ weight^T) in float32, (N, V): a decoding step's next-token distribution.
 
-    Columns in `exclude` count in the normalization but are set to -inf, so they are never chosen.
+    Columns in `exclude` count in the normalization but are set to -inf, so they are never chosen; columns
+    from `vocab` on (padding rows of the weight) are -inf before it, so they do not count.
     PyTorch's log-softmax is one fused pass with a vectorized exp (torch.exp alone is slower here, and
     logsumexp slower still). `packed`: see `linear`.
     """
     logits = linear(hidden, weight, packed=packed).float()
+    if vocab is not None and vocab < logits.shape[-1]:
+        logits[:, vocab:] = -math.inf
     if logits.device.type == "cpu":
         # In place: with a second (N, V) buffer per step, glibc handed the freed memory back to the kernel and
         # faulted it in again at the next step (beam 4, batch 64: ~760k page faults and 1.5 s of system time

@@ -61,7 +61,8 @@ class EnsembleModel:
         if len(self.models) == 1:
             model = self.models[0]
             hidden = model.decode_step(tokens, states[0])  # (N, d)
-            return linear_log_softmax(hidden, model.embed.weight, exclude=(pad, bos), packed=model.packed_output)
+            return linear_log_softmax(hidden, model.embed.weight, exclude=(pad, bos), packed=model.packed_output,
+                                      vocab=model.config.vocab_size)
         lprobs = [torch.log_softmax(m.logits(m.decode_step(tokens, s)).float(), dim=-1)
                   for m, s in zip(self.models, states)]
         scores = torch.logsumexp(torch.stack(lprobs), dim=0) - math.log(len(lprobs))

@@ -62,8 +62,9 @@ def check_resume(state: dict, path: Path, config: ModelConfig, data: DataDir) ->
         raise NmtError(f"{path}: vocabulary differs from {data.path / 'vocab.txt'} "
                        f"({len(state['vocab'])} vs {len(data.vocab)} symbols); use another --save-dir")
     saved = ModelConfig.from_dict(state["config"])
+    # The saved run's vocabulary padding is kept (`resumed_config`), whatever this version would choose.
     diffs = [f"{k} {v} vs {getattr(config, k)}" for k, v in saved.to_dict().items()
-             if k not in DROPOUT_FIELDS and getattr(config, k) != v]
+             if k not in (*DROPOUT_FIELDS, "vocab_multiple") and getattr(config, k) != v]
     if diffs:
         raise NmtError(f"{path}: architecture differs from this command's ({', '.join(diffs)}); use another --save-dir")
 

@@ -49,10 +49,11 @@ class TranslationLoss(nn.Module):
         hidden = self.model(src, prev_output).flatten(0, 1).index_select(0, target_index)  # (n, d)
         # Only the real target positions reach the output projection (padding would cost matmul rows),
         # and the (tokens x V) logits are never held at once (see ops.linear_cross_entropy).
-        chunk = loss_chunk_rows(hidden.device)
+        chunk, vocab = loss_chunk_rows(hidden.device), self.model.config.vocab_size  # past vocab: padding rows
         if with_nll:
-            return linear_cross_entropy_and_nll(hidden, self.model.embed.weight, target, self.label_smoothing, chunk)
-        return linear_cross_entropy(hidden, self.model.embed.weight, target, self.label_smoothing, chunk)
+            return linear_cross_entropy_and_nll(hidden, self.model.embed.weight, target, self.label_smoothing, chunk,
+                                                vocab)
+        return linear_cross_entropy(hidden, self.model.embed.weight, target, self.label_smoothing, chunk, vocab)
 
 
 def autocast_context(precision: str, device: torch.device):

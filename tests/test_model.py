@@ -494,3 +494,51 @@ def test_loss_and_nll_in_one_pass_match_cross_entropy(smoothing):
     logits = hidden @ weight.t()
     torch.testing.assert_close(loss, F.cross_entropy(logits, target, label_smoothing=smoothing, reduction="sum"))
     torch.testing.assert_close(nll, F.cross_entropy(logits, target, reduction="sum"))
+
+
+def test_a_padded_vocabulary_trains_and_decodes_as_the_unpadded_one():
+    """37 symbols padded to 40 rows (multiple of 8) or 64: the same initial weights on the real rows, zero
+    padding rows, the same loss, validation loss and gradients, zero gradient on the padding rows (so they stay
+    zero under Adam), and the same greedy and beam output and scores as the unpadded model."""
+    from nmt_cli.search import EnsembleModel, beam_search, greedy_search
+    from nmt_cli.update import TranslationLoss
+
+    torch.manual_seed(0)
+    plain = Transformer(make_config("tiny", 37, vocab_multiple=1, dropout=0.0))
+    src = torch.randint(4, 37, (3, 7))
+    src[:, -1] = 2
+    prev = torch.randint(4, 37, (3, 5))
+    prev[:, 0] = 1
+    target_index, target = torch.arange(15), torch.randint(3, 37, (15,))
+    plain_loss = TranslationLoss(plain, 0.1)(src, prev, target_index, target)
+    plain_loss.backward()
+    with torch.no_grad():
+        plain_valid = TranslationLoss(plain, 0.1)(src, prev, target_index, target, with_nll=True)
+    plain.eval()
+    plain_greedy = [[h] for h in greedy_search(EnsembleModel([plain]), src, bos=1, eos=2)]
+    plain_beam = beam_search(EnsembleModel([plain]), src, bos=1, eos=2, beam=3, nbest=3)
+    for multiple, rows in ((8, 40), (64, 64)):
+        torch.manual_seed(0)
+        padded = Transformer(make_config("tiny", 37, vocab_multiple=multiple, dropout=0.0))
+        assert padded.embed.weight.shape == (rows, 64) and padded.config.rows == rows
+        assert not padded.embed.weight[37:].any()
+        for (name, a), b in zip(plain.state_dict().items(), padded.state_dict().values()):
+            assert torch.equal(a, b[:37] if name == "embed.weight" else b), name
+        loss = TranslationLoss(padded, 0.1)(src, prev, target_index, target)
+        loss.backward()
+        torch.testing.assert_close(loss, plain_loss, rtol=1e-6, atol=1e-5)
+        for (name, a), b in zip(plain.named_parameters(), padded.parameters()):
+            grad = b.grad[:37] if name == "embed.weight" else b.grad
+            torch.testing.assert_close(grad, a.grad, rtol=1e-5, atol=1e-6, msg=name)
+        assert not padded.embed.weight.grad[37:].any()
+        with torch.no_grad():
+            valid = TranslationLoss(padded, 0.1)(src, prev, target_index, target, with_nll=True)
+        torch.testing.assert_close(torch.stack(valid), torch.stack(plain_valid), rtol=1e-6, atol=1e-5)
+        padded.eval()
+        assert padded.logits(torch.zeros(2, 64)).shape == (2, 37)
+        greedy = [[h] for h in greedy_search(EnsembleModel([padded]), src, bos=1, eos=2)]
+        for found, expected in ((greedy, plain_greedy),
+                                (beam_search(EnsembleModel([padded]), src, bos=1, eos=2, beam=3, nbest=3), plain_beam)):
+            assert [[h.tokens for h in s] for s in found] == [[h.tokens for h in s] for s in expected]
+            for s, t in zip(found, expected):
+                assert [h.score for h in s] == pytest.approx([h.score for h in t], abs=1e-5)

@@ -86,6 +86,8 @@ def test_the_page_shows_what_nmt_translate_prints_and_the_apis_alignments(browse
     submit(browser, "\n".join(lines), KEY, by_keyboard=True)
     assert page_text(browser, ".pair .target") == printed
     assert page_text(browser, ".pair .source") == lines
+    width = browser.execute_script("return [document.documentElement.scrollWidth, window.innerWidth]")
+    assert width[0] <= width[1]  # readable at 400 px: nothing runs off the side
 
     status, answer = server.post({"text": lines, "alignments": True}, key=KEY)
     assert status == 200 and answer["translations"] == printed
