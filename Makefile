@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
+# The command every recipe runs its nmt steps with.
+NMT    ?= nmt
 
 .PHONY: install test test-margins lint bench bench-scale bench-gpu bench-save gpu-check
 install: $(VENV)/.installed

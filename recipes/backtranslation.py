@@ -93,10 +93,12 @@ def model(name: str, folder: Path, train: Path, src: str, tgt: str, raw: Path, a
              "--device", "cpu", "--quiet", *shlex.split(args.train_flags)], f"{name}: train")
         (folder / "ckpt" / ".done").touch()
     if not (folder / "model.pt").exists():
-        run([sys.executable, Path(__file__).parent / "select_on_val.py", "--ckpt-dir", folder / "ckpt", "--src",
-             data / f"valid.raw.{src}", "--ref", data / f"valid.raw.{tgt}", "--windows", "3,5",
-             "--lenpens", "0.6,1.0", "--out", folder / "model.pt", "--record", folder / "selection.json"],
-            f"{name}: choose on val")
+        print(f"{Path(sys.argv[0]).stem}: {name}: choose on val (select_on_val.py, windows 3,5, lenpens 0.6,1.0)",
+              flush=True)
+        from select_on_val import select  # in this process: one PyTorch start-up for all the models' choices
+
+        select(folder / "ckpt", data / f"valid.raw.{src}", data / f"valid.raw.{tgt}", [3, 5], [0.6, 1.0], 4,
+               folder / "model.pt", folder / "selection.json")
     return folder / "model.pt"
 
 

@@ -30,7 +30,6 @@ KEEP_LAST      ?= 10
 BEAM           ?= 4
 LENPENS        ?= 0.6 1.0 1.4 2.0
 TRAIN_FLAGS    ?=
-NMT            ?= nmt
 
 M30K_SPLITS = train val test_2016_flickr
 M30K_RAW    = $(EXP)/raw
@@ -98,7 +97,7 @@ VARIATION_COOLDOWN ?= 0.3
 multi30k-variations: $(EXP)/data/meta.json
 	$(BIN)/python recipes/variations.py --data $(EXP)/data --out $(EXP)/variations --base $(ARCH) \
 	  --updates $(VARIATION_UPDATES) --rows "$(VARIATION_ROWS)" --device cpu --precision $(PRECISION) \
-	  --train-flags "--max-tokens $(MAX_TOKENS) --lr-scale $(LR_SCALE) --warmup $(VARIATION_WARMUP) \
+	  --nmt "$(NMT)" --train-flags "--max-tokens $(MAX_TOKENS) --lr-scale $(LR_SCALE) --warmup $(VARIATION_WARMUP) \
 	  --cooldown $(VARIATION_COOLDOWN) --attention-dropout $(ATTENTION_DROPOUT) --activation-dropout $(ACTIVATION_DROPOUT) $(TRAIN_FLAGS)"
 
 # Back-translation as a low-resource simulation (recipes/backtranslation.py): half of the training pairs

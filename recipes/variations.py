@@ -177,6 +177,8 @@ def main() -> None:
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--launcher", default="", help="runs `-m nmt_cli train ...`: e.g. torchrun --standalone "
                         "--nproc_per_node 8 (default: this Python)")
+    parser.add_argument("--nmt", default="", help="the nmt command, without --launcher (default: this Python's "
+                        "-m nmt_cli)")
     parser.add_argument("--train-flags", default="", help="more nmt train flags, the same for every row")
     args = parser.parse_args()
     try:
@@ -197,8 +199,11 @@ def main() -> None:
         for row in (r for r in rows if r.group in groups):
             row_dir = args.out / row.name
             if not (row_dir / ".done").exists():
-                launcher = shlex.split(args.launcher) or [sys.executable]  # torchrun takes `-m nmt_cli` too
-                command = [*launcher, "-m", "nmt_cli", "train", str(args.data), "--save-dir",
+                if args.launcher:  # torchrun takes `-m nmt_cli` too
+                    nmt = [*shlex.split(args.launcher), "-m", "nmt_cli"]
+                else:
+                    nmt = shlex.split(args.nmt) or [sys.executable, "-m", "nmt_cli"]
+                command = [*nmt, "train", str(args.data), "--save-dir",
                            str(row_dir), "--arch", args.base, "--max-updates", str(args.updates), "--seed", "1",
                            "--device", args.device, "--precision", args.precision, "--keep-last", "1", "--quiet",
                            *train_flags(row), *extra]

@@ -66,7 +66,7 @@ $(WMT14_RAW)/.done: | install
 
 ifeq ($(NODE_RANK),0)
 $(WMT14_EXP)/data/meta.json: $(WMT14_RAW)/.done
-	nmt prepare -s en -t de --train $(WMT14_RAW)/train --valid $(WMT14_RAW)/valid --test $(WMT14_RAW)/test \
+	$(NMT) prepare -s en -t de --train $(WMT14_RAW)/train --valid $(WMT14_RAW)/valid --test $(WMT14_RAW)/test \
 	  --normalize-punctuation --bpe-merges $(WMT14_BPE) --max-len 250 --max-ratio 1.5 --out $(WMT14_EXP)/data --force
 else
 # nmt prepare publishes the data folder with one rename, so meta.json there means node 0 finished it. This
@@ -87,16 +87,16 @@ $(WMT14_EXP)/$(1)/.trained: $(WMT14_EXP)/data/meta.json
 
 ifeq ($(NODE_RANK),0)
 $(WMT14_EXP)/$(1)/model.pt: $(WMT14_EXP)/$(1)/.trained
-	nmt average --last $(3) $(WMT14_EXP)/$(1) -o $$@
+	$(NMT) average --last $(3) $(WMT14_EXP)/$(1) -o $$@
 
 $(WMT14_EXP)/$(1)/newstest2014.hyp: $(WMT14_EXP)/$(1)/model.pt
-	nmt translate -m $$< -i $(WMT14_EXP)/data/test.raw.en -o $$@ --beam 4 --lenpen 0.6 \
+	$(NMT) translate -m $$< -i $(WMT14_EXP)/data/test.raw.en -o $$@ --beam 4 --lenpen 0.6 \
 	  --max-len-a 1 --max-len-b 50 --max-tokens 8192 --device $(WMT14_DEVICE) --precision $(WMT14_PRECISION)
 	@test $$$$(wc -l < $$@) -eq $$$$(wc -l < $(WMT14_EXP)/data/test.raw.en) || \
 	  { echo "wmt14: $$@ does not have one line per test sentence" >&2; rm -f $$@; exit 2; }
 
 wmt14-$(1): $(WMT14_EXP)/$(1)/newstest2014.hyp
-	nmt score --ref $(WMT14_EXP)/data/test.raw.de -i $$< --metrics bleu,chrf --tokenized-bleu de
+	$(NMT) score --ref $(WMT14_EXP)/data/test.raw.de -i $$< --metrics bleu,chrf --tokenized-bleu de
 else
 wmt14-$(1): $(WMT14_EXP)/$(1)/.trained
 	@echo "wmt14-$(1): node $(NODE_RANK) finished training; node 0 averages, translates and scores"

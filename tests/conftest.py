@@ -74,6 +74,35 @@ def expect_error(result, *fragments: str) -> None:
 
 
 @pytest.fixture(scope="session")
+def warm_nmt(tmp_path_factory):
+    """The `nmt` command for the recipe rehearsals' NMT=: a client of one server that imported the toolkit once
+    (tests/warm_nmt.py), so a rehearsal's ~20-30 steps skip ~4 s of start-up each."""
+    import subprocess
+    import sys
+
+    socket_path = tmp_path_factory.mktemp("warm") / "nmt.sock"
+    script = REPO / "tests" / "warm_nmt.py"
+    server = subprocess.Popen([sys.executable, str(script), "serve", str(socket_path)], stdout=subprocess.PIPE,
+                              stdin=subprocess.DEVNULL, text=True)
+    try:
+        assert server.stdout.readline().strip() == "ready", "tests/warm_nmt.py did not start"
+        yield f"{sys.executable} {script} {socket_path}"
+    finally:
+        server.kill()
+        server.wait()
+
+
+@pytest.fixture(scope="session")
+def warm_nmt_path(warm_nmt, tmp_path_factory) -> str:
+    """A folder holding an `nmt` that is `warm_nmt`'s client, to put first on a PATH."""
+    folder = tmp_path_factory.mktemp("warm_bin")
+    shim = folder / "nmt"
+    shim.write_text(f'#!/bin/sh\nexec {warm_nmt} "$@"\n')
+    shim.chmod(0o755)
+    return str(folder)
+
+
+@pytest.fixture(scope="session")
 def toy_data(tmp_path_factory) -> Path:
     """A prepared data dir of the toy task."""
     from nmt_cli.prepare import PrepareOptions, prepare

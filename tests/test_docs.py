@@ -107,14 +107,15 @@ def smoke_blocks() -> list[tuple[str, str]]:
     return found
 
 
-def test_runnable_blocks_run(tmp_path):
-    """Each marked block runs in an empty folder with `nmt` on the PATH (and the real Multi30k as DATA)."""
+def test_runnable_blocks_run(tmp_path, warm_nmt_path):
+    """Each marked block runs in an empty folder with `nmt` on the PATH (the warm one of tests/warm_nmt.py; the
+    Multi30k recipe test runs the console script) and the real Multi30k as DATA."""
     from .conftest import shared_data
 
     blocks = smoke_blocks()
     assert blocks, "no runnable block found"
     env = {**os.environ, "DATA": str(shared_data("multi30k")),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+           "PATH": os.pathsep.join([warm_nmt_path, str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
     for i, (page, script) in enumerate(blocks):
         folder = tmp_path / str(i)
         folder.mkdir()

@@ -85,17 +85,18 @@ def wmt14_archives(tmp_path_factory) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("model,average", [("base", 5), ("big", 20)])
-def test_wmt14_recipe_rehearsal(wmt14_archives, tmp_path_factory, model, average):
-    """The real `make wmt14-base` / `make wmt14-big` on CPU: torchrun with 2 gloo processes, the paper's
-    averaging count, the whole test set translated, sacreBLEU and tokenized BLEU printed."""
-    exp = tmp_path_factory.getbasetemp() / "wmt14-exp"  # shared by both models: data prepared once
+def test_wmt14_recipe_rehearsal(wmt14_archives, tmp_path_factory, warm_nmt):
+    """The real `make wmt14-big` on CPU: torchrun with 2 gloo processes, the paper's averaging count (20), the
+    whole test set translated, sacreBLEU and tokenized BLEU printed. `wmt14-base`, which differs in the model and
+    its averaging count (5), is rehearsed on two nodes below."""
+    model, average = "big", 20
+    exp = tmp_path_factory.getbasetemp() / "wmt14-exp"  # shared with the variations: data prepared once
     every = 2
     updates = every * average  # just enough numbered checkpoints for the average
     result = _make(f"wmt14-{model}", f"WMT14_DATA={wmt14_archives}", "TEST_DATA=", f"WMT14_EXP={exp}",
                    "WMT14_DEVICE=cpu", "GPUS=2", "WMT14_ARCH=tiny", f"WMT14_UPDATES={updates}",
                    f"WMT14_SAVE_UPDATES={every}", "WMT14_BPE=400", "WMT14_MAX_TOKENS=1024",
-                   f"WMT14_TEST_LINES={WMT14_TEST_LINES}", "WMT14_TRAIN_FLAGS=--quiet")
+                   f"WMT14_TEST_LINES={WMT14_TEST_LINES}", "WMT14_TRAIN_FLAGS=--quiet", f"NMT={warm_nmt}")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     wmt = shared_data("wmt14")
     # the SGML test set came out as the plain reference text, entities unescaped
@@ -119,14 +120,14 @@ def test_wmt14_recipe_rehearsal(wmt14_archives, tmp_path_factory, model, average
     assert "tokenized" in result.stdout.lower()
 
 
-def test_wmt14_variations_rehearsal(wmt14_archives, tmp_path_factory):
+def test_wmt14_variations_rehearsal(wmt14_archives, tmp_path_factory, warm_nmt):
     """`make wmt14-variations` on CPU: the base and row E (learned positions) under torchrun with 2 gloo
     processes, dev = newstest2013, the table beside the paper's numbers."""
     exp = tmp_path_factory.getbasetemp() / "wmt14-exp"  # the rehearsal's data, prepared once
     result = _make("wmt14-variations", f"WMT14_DATA={wmt14_archives}", "TEST_DATA=", f"WMT14_EXP={exp}",
                    "WMT14_DEVICE=cpu", "GPUS=2", "WMT14_ARCH=tiny", "WMT14_UPDATES=3", "WMT14_BPE=400",
                    "WMT14_MAX_TOKENS=1024", f"WMT14_TEST_LINES={WMT14_TEST_LINES}", "WMT14_VARIATION_ROWS=E",
-                   "WMT14_TRAIN_FLAGS=--quiet")
+                   "WMT14_TRAIN_FLAGS=--quiet", f"NMT={warm_nmt}")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = json.loads((exp / "variations" / "variations.json").read_text())
     assert [r["row"]["group"] for r in rows] == ["base", "E"] and rows[1]["config"]["learned_positions"] is True
@@ -138,29 +139,36 @@ def test_wmt14_variations_rehearsal(wmt14_archives, tmp_path_factory):
     assert (exp / "variations" / "variations.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_wmt14_recipe_on_two_nodes(wmt14_archives, tmp_path):
+def test_wmt14_recipe_on_two_nodes(wmt14_archives, tmp_path, warm_nmt):
     """`make wmt14-base NNODES=2`, the two nodes' make processes started side by side on loopback with one shared
-    WMT14_EXP: node 0 alone prepares the data, averages, translates and scores; node 1 waits for the data, trains
-    with it, and stops after training; both exit 0."""
+    WMT14_EXP: node 0 alone prepares the data, averages the base model's last 5 checkpoints, translates and
+    scores; node 1 waits for the data, trains with it, and stops after training; both exit 0."""
     from .test_multinode import free_port
 
     exp = tmp_path / "shared-exp"
     common = [f"WMT14_DATA={wmt14_archives}", "TEST_DATA=", f"WMT14_EXP={exp}", "WMT14_DEVICE=cpu", "GPUS=1",
-              "NNODES=2", "MASTER_ADDR=127.0.0.1", f"MASTER_PORT={free_port()}", "WMT14_ARCH=tiny", "WMT14_UPDATES=8",
+              "NNODES=2", "MASTER_ADDR=127.0.0.1", f"MASTER_PORT={free_port()}", "WMT14_ARCH=tiny", "WMT14_UPDATES=10",
               "WMT14_SAVE_UPDATES=2", "WMT14_BPE=400", "WMT14_MAX_TOKENS=1024", f"WMT14_TEST_LINES={WMT14_TEST_LINES}",
-              "WMT14_TRAIN_FLAGS=--quiet", "WMT14_WAIT_MINUTES=5"]
+              "WMT14_TRAIN_FLAGS=--quiet", "WMT14_WAIT_MINUTES=5", f"NMT={warm_nmt}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     nodes = [subprocess.Popen(["make", "-o", ".venv/.installed", "wmt14-base", f"NODE_RANK={rank}", *common],
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for rank in (1, 0)]  # node 1 first: it must wait for node 0's data
     (out1, err1), (out0, err0) = (p.communicate(timeout=900) for p in nodes)
     assert [p.returncode for p in nodes] == [0, 0], (out1[-2000:], err1[-2000:], out0[-2000:], err0[-2000:])
-    assert "nmt prepare" in out0 and "nmt prepare" not in out1 and "wmt14_data.py" not in out1
+
+    def ran(step: str, out: str) -> bool:  # make echoes `nmt STEP ...`, or the warm client's `... SOCKET STEP ...`
+        return re.search(rf"(^nmt|warm_nmt\.py \S+) {step} ", out, re.MULTILINE) is not None
+
+    assert ran("prepare", out0) and not ran("prepare", out1) and "wmt14_data.py" not in out1
     assert "waiting for node 0's data step" in out1
-    assert "nmt translate" in out0 and "nmt translate" not in out1 and "nmt average" not in out1
+    assert ran("translate", out0) and not ran("translate", out1) and not ran("average", out1)
     assert "node 1 finished training" in out1
     log = [json.loads(x) for x in (exp / "base" / "train.jsonl").read_text().splitlines()]
-    assert log[0]["world_size"] == 2 and log[-1]["event"] == "end" and log[-1]["updates"] == 8
+    assert log[0]["world_size"] == 2 and log[-1]["event"] == "end" and log[-1]["updates"] == 10
+    averaged = torch.load(exp / "base" / "model.pt", weights_only=True)
+    assert [Path(p).name for p in averaged["averaged_from"]] == [f"checkpoint_{n}.pt" for n in (2, 4, 6, 8, 10)]
+    assert "averaged 5 checkpoints" in err0
     assert len((exp / "base" / "newstest2014.hyp").read_text(encoding="utf-8").splitlines()) == WMT14_TEST_LINES
 
 
@@ -299,13 +307,14 @@ def test_multi30k_recipe_end_to_end(tmp_path):
     assert again.returncode == 0, again.stdout + again.stderr
 
 
-def test_tatoeba_recipe_smoke_into_chinese(tmp_path):
+def test_tatoeba_recipe_smoke_into_chinese(tmp_path, warm_nmt):
     """make tatoeba-en-zh at smoke size (issue 25): split, SentencePiece, train, choose on valid, translate and
     score test with sacreBLEU's zh tokenizer, read from the model's target language."""
     data = shared_data("tatoeba-cmn-eng")
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     result = subprocess.run(["make", "-o", ".venv/.installed", "tatoeba-en-zh", f"DATA={data}", f"EXP={tmp_path}",
-                             "LINES=2000", "TRAIN_MINUTES=0.25", "ARCH=tiny", "AVERAGE_WINDOWS=1 3", "LENPENS=0.6"],
+                             "LINES=2000", "TRAIN_MINUTES=0.25", "ARCH=tiny", "AVERAGE_WINDOWS=1 3", "LENPENS=0.6",
+                             f"NMT={warm_nmt}"],
                             cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     split = json.loads((tmp_path / "raw-2000" / "split.json").read_text())
@@ -372,7 +381,7 @@ def test_make_install_keeps_the_torch_an_environment_has(tmp_path, has_torch):
     assert (venv / ".installed").exists()
 
 
-def test_multi30k_backtranslation_recipe_at_smoke_size(tmp_path):
+def test_multi30k_backtranslation_recipe_at_smoke_size(tmp_path, warm_nmt):
     """`make multi30k-bt` end to end at smoke size: the split halves are disjoint and cover the training pairs,
     the synthetic sources come from the tgt->src model (beam and sampled, one line per monolingual line), the
     tagged row's data has `<BT>` as one symbol at the start of its synthetic sources, every row is scored,
@@ -380,7 +389,7 @@ def test_multi30k_backtranslation_recipe_at_smoke_size(tmp_path):
     data = shared_data("multi30k")
     exp = tmp_path / "m30k"
     command = ["make", "-o", ".venv/.installed", "multi30k-bt", f"DATA={data}", f"EXP={exp}", "ARCH=tiny",
-               "LINES=24", "BT_MINUTES=0", "MAX_UPDATES=2", "BPE_MERGES=200", "PRECISION=fp32"]
+               "LINES=24", "BT_MINUTES=0", "MAX_UPDATES=2", "BPE_MERGES=200", "PRECISION=fp32", f"NMT={warm_nmt}"]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
@@ -407,16 +416,16 @@ def test_multi30k_backtranslation_recipe_at_smoke_size(tmp_path):
     assert again.returncode == 0 and " train: " not in again.stdout and "| all real |" in again.stdout
 
 
-def test_multi30k_distillation_recipe_at_smoke_size(tmp_path):
+def test_multi30k_distillation_recipe_at_smoke_size(tmp_path, warm_nmt):
     """`make multi30k-distill` end to end at smoke size, the teacher built by the recipe it depends on: the
     distilled corpus pairs every training source with the teacher's translation of it (what `nmt translate`
     gives with the model file's settings), both students are scored and timed through both engines, and a
-    second run trains nothing."""
+    second run trains and times nothing."""
     data = shared_data("multi30k")
     exp = tmp_path / "m30k"
     command = ["make", "-o", ".venv/.installed", "multi30k-distill", f"DATA={data}", f"EXP={exp}", "ARCH=tiny",
                "LINES=24", "TRAIN_MINUTES=0", "DISTILL_MINUTES=0", "MAX_UPDATES=2", "BPE_MERGES=200",
-               "PRECISION=fp32", "AVERAGE_WINDOWS=1", "LENPENS=0.6"]
+               "PRECISION=fp32", "AVERAGE_WINDOWS=1", "LENPENS=0.6", f"NMT={warm_nmt}"]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
@@ -431,3 +440,4 @@ def test_multi30k_distillation_recipe_at_smoke_size(tmp_path):
     assert all(r["nmt_sent_per_s"] > 0 and r["ct2_int8_sent_per_s"] > 0 and r["parameters"] > 0 for r in rows)
     again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
     assert again.returncode == 0 and " train: " not in again.stdout and "distilled targets" in again.stdout
+    assert json.loads((distill / "distillation.json").read_text()) == rows  # the speeds measured once, read back
