@@ -385,30 +385,21 @@ def test_resume_under_torchrun_is_exact(toy_data, tmp_path):
         assert torch.equal(a["model"][name], b["model"][name]), name
 
 
-def test_fine_tuning_on_another_domain_lowers_its_loss(tmp_path):
-    """A model trained on Multi30k (image captions), fine-tuned on news (newstest2013): data prepared with the
-    model's own BPE and vocabulary, training started from its weights; the news validation loss falls."""
-    import gzip
-
+def test_fine_tuning_on_another_domain_lowers_its_loss(tmp_path, multi30k_tiny):
+    """A model trained on Multi30k (image captions; the shared `multi30k_tiny` one), fine-tuned on news
+    (newstest2013): data prepared with the model's own BPE and vocabulary, training started from its weights; the
+    news validation loss falls."""
     from .conftest import shared_data
 
-    m30k, news = shared_data("multi30k"), shared_data("wmt14")
+    news = shared_data("wmt14")
     raw = tmp_path / "raw"
     raw.mkdir()
     for lang in ("en", "de"):
-        with gzip.open(m30k / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
-            lines = f.read().splitlines()
-        (raw / f"m30k.{lang}").write_text("\n".join(lines[:3000]) + "\n", encoding="utf-8")
-        (raw / f"m30kval.{lang}").write_text("\n".join(lines[3000:3100]) + "\n", encoding="utf-8")
         lines = (news / f"newstest2013.{lang}").read_text(encoding="utf-8").splitlines()
         (raw / f"news.{lang}").write_text("\n".join(lines[:1000]) + "\n", encoding="utf-8")
         (raw / f"newsval.{lang}").write_text("\n".join(lines[1000:1100]) + "\n", encoding="utf-8")
     base = ["-s", "en", "-t", "de", "--quiet", "--workers", "1"]
-    assert run_cli("prepare", *base, "--train", raw / "m30k", "--valid", raw / "m30kval", "--bpe-merges", "800",
-                   "--out", tmp_path / "m30k").exit_code == 0
-    train(_opts(tmp_path / "m30k", tmp_path / "model", max_updates=120, max_tokens=2048, warmup=60, lr_scale=2.0,
-                dropout=0.0))
-    model = tmp_path / "model" / "checkpoint_last.pt"
+    model, m30k = multi30k_tiny[0], multi30k_tiny[1] / "data"
     r = run_cli("prepare", *base, "--train", raw / "news", "--valid", raw / "newsval", "--from-model", model,
                 "--out", tmp_path / "news")
     assert r.exit_code == 0, r.output
@@ -422,9 +413,9 @@ def test_fine_tuning_on_another_domain_lowers_its_loss(tmp_path):
     expect_error(run_cli("train", tmp_path / "own", "--save-dir", tmp_path / "x", "--init-from", model, "--device",
                          "cpu", "--quiet"), "vocabulary differs", "--from-model")
     expect_error(run_cli("train", tmp_path / "news", "--save-dir", tmp_path / "x", "--init-from",
-                         tmp_path / "m30k" / "vocab.txt", "--device", "cpu", "--quiet"), "vocab.txt", "checkpoint")
+                         m30k / "vocab.txt", "--device", "cpu", "--quiet"), "vocab.txt", "checkpoint")
     train(_opts(tmp_path / "news", tmp_path / "tuned", init_from=model, max_updates=40, max_tokens=2048, warmup=20,
-                valid_interval=40, dropout=0.0))
+                valid_interval=40))
     valid = [r for r in _log(tmp_path / "tuned") if r["event"] == "valid"]
     assert valid[0]["update"] == 0 and valid[0]["baseline"] and valid[-1]["update"] == 40
     assert valid[0]["best"] == valid[0]["valid_loss"]  # the starting point is the first candidate for the best
