@@ -6,7 +6,9 @@ On CUDA a mask rules out the FlashAttention kernel (the memory-efficient kernel 
 measures, on the batches training really forms (length-sorted, --max-tokens per batch, from a data dir of
 `nmt prepare`): how much of a source batch is padding, and the attention's time (forward and backward, base
 shapes: 8 heads of 64) with the boolean mask, with the same mask as an additive float tensor, and without a
-mask (what a batch with no padding at all would cost: the lower bound any padding-free kernel could reach).
+mask (what a batch with no padding at all would cost: the lower bound any padding-free kernel could reach),
+through `scaled_dot_product_attention` in float32 (what CUDA and CPU inference call) and through nmt's
+explicit bf16 matmul + softmax + matmul (what bf16 training on a CPU runs, `model.explicit_attention`).
 
     python benchmarks/attention_kernels.py --data exp/multi30k/data [--max-tokens 4096] [--batches 20]
 """
@@ -22,8 +24,9 @@ import torch.nn.functional as F
 from common import machine, print_table
 
 from nmt_cli.data import DataDir, make_batches
+from nmt_cli.model import explicit_attention
 
-COLUMNS = ["attention", "mask", "fwd+bwd (ms per batch)", "vs no mask"]
+COLUMNS = ["attention", "kernel", "mask", "fwd+bwd (ms per batch)", "vs no mask"]
 
 
 def padding_share(src: np.ndarray, batches: list[np.ndarray]) -> float:
@@ -33,11 +36,13 @@ def padding_share(src: np.ndarray, batches: list[np.ndarray]) -> float:
     return 1 - real / padded
 
 
-def time_attention(shapes: list[tuple[int, int, int]], kind: str, dtype: torch.dtype, repeats: int,
+def time_attention(shapes: list[tuple[int, int, int, list[int]]], kind: str, kernel: str, repeats: int,
                    heads: int = 8, dk: int = 64) -> float:
     """Best-of-`repeats` milliseconds for fwd+bwd of one attention per batch of `shapes` (sentences, queries,
     keys, the keys' real lengths drawn from the batch), summed over the batches, divided by their number."""
     generator = torch.Generator().manual_seed(0)
+    dtype = torch.float32 if kernel == "sdpa fp32" else torch.bfloat16
+    attention = F.scaled_dot_product_attention if kernel == "sdpa fp32" else explicit_attention
     inputs = []
     for n, lq, lk, lengths in shapes:
         q = torch.randn(n, heads, lq, dk, generator=generator, dtype=dtype, requires_grad=True)
@@ -50,7 +55,7 @@ def time_attention(shapes: list[tuple[int, int, int]], kind: str, dtype: torch.d
 
     def run() -> None:
         for q, k, v, mask in inputs:
-            F.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum().backward()
+            (attention(q, k, v, mask) if mask is not None else attention(q, k, v)).sum().backward()
 
     run()
     best = float("inf")
@@ -67,7 +72,6 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--batches", type=int, default=20, help="batches timed, drawn evenly from all")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     args = parser.parse_args()
     corpus = DataDir.open(args.data).split("train")
     src, tgt = corpus.src.sizes, corpus.tgt.sizes
@@ -75,7 +79,6 @@ def main() -> None:
     print(f"{machine()}; {len(batches):,} batches of <= {args.max_tokens} tokens; source padding "
           f"{100 * padding_share(src, batches):.1f}% of source positions (encoder and cross-attention keys)")
     picked = [batches[i] for i in np.linspace(0, len(batches) - 1, args.batches).astype(int)]
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     rows = []
     for name, queries in (("encoder self-attention", "src"), ("cross-attention", "tgt")):
         shapes = []
@@ -84,11 +87,12 @@ def main() -> None:
             lk = int(lengths.max())
             lq = lk if queries == "src" else int(tgt[b].max() + 1)
             shapes.append((len(b), lq, lk, lengths.tolist()))
-        times = {kind: time_attention(shapes, kind, dtype, args.repeats) for kind in ("none", "boolean",
-                                                                                      "additive float")}
-        for kind, ms in times.items():
-            rows.append([name, kind, ms, f"{ms / times['none']:.2f}x"])
-    print_table(f"scaled_dot_product_attention, {args.dtype}, {len(picked)} real batches", COLUMNS, rows)
+        for kernel, kinds in (("sdpa fp32", ("none", "boolean", "additive float")),
+                              ("explicit bf16", ("none", "boolean"))):
+            times = {kind: time_attention(shapes, kind, kernel, args.repeats) for kind in kinds}
+            for kind, ms in times.items():
+                rows.append([name, kernel, kind, ms, f"{ms / times['none']:.2f}x"])
+    print_table(f"attention over {len(picked)} real batches (8 heads of 64)", COLUMNS, rows)
 
 
 if __name__ == "__main__":

@@ -366,25 +366,6 @@ def test_resume_with_update_freq_is_exact(toy_data, tmp_path):
         assert torch.equal(a["model"][name], b["model"][name]), name
 
 
-def test_resume_under_torchrun_is_exact(toy_data, tmp_path):
-    def run(save: Path, updates: int) -> None:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
-               "nmt_cli", "train", str(toy_data), "--save-dir", str(save), "--arch", "tiny", "--max-tokens", "256",
-               "--warmup", "50", "--device", "cpu", "--quiet", "--seed", "7", "--max-updates", str(updates)]
-        result = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                                timeout=240)
-        assert result.returncode == 0, result.stderr[-3000:]
-
-    run(tmp_path / "straight", 6)
-    run(tmp_path / "resumed", 3)
-    run(tmp_path / "resumed", 6)
-    a = load_checkpoint(tmp_path / "straight" / "checkpoint_last.pt")
-    b = load_checkpoint(tmp_path / "resumed" / "checkpoint_last.pt")
-    assert {**a["progress"], "elapsed": 0} == {**b["progress"], "elapsed": 0} and b["progress"]["world_size"] == 2
-    for name in a["model"]:
-        assert torch.equal(a["model"][name], b["model"][name]), name
-
-
 def test_fine_tuning_on_another_domain_lowers_its_loss(tmp_path, multi30k_tiny):
     """A model trained on Multi30k (image captions; the shared `multi30k_tiny` one), fine-tuned on news
     (newstest2013): data prepared with the model's own BPE and vocabulary, training started from its weights; the
@@ -574,13 +555,16 @@ def test_redirected_log_has_plain_timestamped_lines(toy_data, tmp_path):
     assert "\x1b[" not in log.read_text()  # no terminal control codes in a log file
 
 
-def test_sigterm_under_torchrun_stops_every_rank_at_the_same_update(toy_data, tmp_path):
+def test_sigterm_under_torchrun_stops_every_rank_at_the_same_update_and_resumes_exactly(toy_data, tmp_path):
+    """SIGTERM to the job's process group: both ranks finish the same update and save it; the same command
+    resumes to two updates later with the weights and progress of a run that went there straight."""
     save = tmp_path / "ck"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "nmt_cli",
            "train", str(toy_data), "--save-dir", str(save), "--arch", "tiny", "--max-tokens", "256", "--warmup", "50",
            "--device", "cpu", "--seed", "7", "--log-interval", "1", "--max-updates", "100000"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
     _wait_for_updates(save, 3, proc, timeout=180)
     os.killpg(proc.pid, signal.SIGTERM)  # the scheduler signals the job's whole process group
     proc.communicate(timeout=120)
@@ -588,10 +572,18 @@ def test_sigterm_under_torchrun_stops_every_rank_at_the_same_update(toy_data, tm
     assert len(stop) == 1 and stop[0]["signal"] == "SIGTERM"
     state = load_checkpoint(save / "checkpoint_last.pt")
     assert state["progress"]["updates"] == stop[0]["update"] and len(state["rng"]) == 2  # both ranks saved alike
-    resumed = subprocess.run([*cmd[:-1], str(stop[0]["update"] + 2), "--quiet"], capture_output=True, text=True,
-                             env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=180)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert load_checkpoint(save / "checkpoint_last.pt")["updates"] == stop[0]["update"] + 2
+    end = str(stop[0]["update"] + 2)
+    for folder in (save, tmp_path / "straight"):  # resumed, then the same updates in one go
+        command = [*cmd[:-1], end, "--quiet"]
+        command[command.index("--save-dir") + 1] = str(folder)
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=240)
+        assert done.returncode == 0, done.stderr[-2000:]
+    a = load_checkpoint(tmp_path / "straight" / "checkpoint_last.pt")
+    b = load_checkpoint(save / "checkpoint_last.pt")
+    assert a["updates"] == b["updates"] == stop[0]["update"] + 2 and b["progress"]["world_size"] == 2
+    assert {**a["progress"], "elapsed": 0} == {**b["progress"], "elapsed": 0}
+    for name in a["model"]:
+        assert torch.equal(a["model"][name], b["model"][name]), name
 
 
 def test_full_disk_for_prepare_and_translate_outputs(toy_model, toy_data, tmp_path, monkeypatch):

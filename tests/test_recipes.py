@@ -91,7 +91,7 @@ def test_wmt14_recipe_rehearsal(wmt14_archives, tmp_path_factory, warm_nmt):
     its averaging count (5), is rehearsed on two nodes below."""
     model, average = "big", 20
     exp = tmp_path_factory.getbasetemp() / "wmt14-exp"  # shared with the variations: data prepared once
-    every = 2
+    every = 1
     updates = every * average  # just enough numbered checkpoints for the average
     result = _make(f"wmt14-{model}", f"WMT14_DATA={wmt14_archives}", "TEST_DATA=", f"WMT14_EXP={exp}",
                    "WMT14_DEVICE=cpu", "GPUS=2", "WMT14_ARCH=tiny", f"WMT14_UPDATES={updates}",
