@@ -14,13 +14,17 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -e ".[dev]"
 	@touch $@
 
+# Two test processes of one thread each (tests/conftest.py sets that): one process leaves a core idle through
+# start-ups and Python-bound steps; test files stay whole on one process, which shares their fixtures.
+TEST_PROCESSES ?= 2
+PYTEST = $(BIN)/python -m pytest -q -n $(TEST_PROCESSES) --dist loadfile
 test: install
-	$(BIN)/python -m pytest -q
+	$(PYTEST)
 
 MARGINS ?= exp/test-margins.jsonl
 test-margins: install   # the tests, then every threshold's measured value and margin on this machine (tests/README.md)
 	@mkdir -p $(dir $(MARGINS)) && rm -f $(MARGINS)
-	NMT_MARGINS=$(abspath $(MARGINS)) $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	NMT_MARGINS=$(abspath $(MARGINS)) $(PYTEST) $(PYTEST_ARGS)
 	$(BIN)/python tests/margins.py $(MARGINS)
 
 lint: install

@@ -14,6 +14,11 @@ import json
 import os
 from pathlib import Path
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs two test processes: one thread each (and for the processes a test starts), so that they
+    # share the cores instead of each running two threads that wait for each other's core. Set before torch loads.
+    os.environ["OMP_NUM_THREADS"] = "1"
+
 import pytest
 from typer.testing import CliRunner
 
