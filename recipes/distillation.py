@@ -32,15 +32,18 @@ from nmt_cli.textio import atomic_path, read_lines  # noqa: E402
 
 def speeds(model_path: Path, folder: Path, sources: list[str], nmt: list[str]) -> dict:
     """Parameters, and test sentences/s through nmt (bf16 where the CPU has it) and CTranslate2 int8; kept in
-    FOLDER/speed.json, which a second run reads back while the model file is the one measured."""
+    FOLDER/speed.json, which a second run reads back while the model file and the machine's kind are the ones
+    measured."""
+    from nmt_cli.hardware import cpu_has_bf16, cpu_kind
+
     record = folder / "speed.json"
-    measured = {"model": str(model_path), "model_mtime_ns": model_path.stat().st_mtime_ns, "sentences": len(sources)}
+    measured = {"model": str(model_path), "model_mtime_ns": model_path.stat().st_mtime_ns, "sentences": len(sources),
+                "machine": cpu_kind()}
     if record.exists():
         saved = json.loads(record.read_text(encoding="utf-8"))
         if all(saved.get(k) == v for k, v in measured.items()):
             return {k: v for k, v in saved.items() if k not in measured}
     from nmt_cli.ct2 import CTranslate2Translator
-    from nmt_cli.hardware import cpu_has_bf16
     from nmt_cli.model import count_parameters
     from nmt_cli.translate import Translator
 
