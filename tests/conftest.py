@@ -10,8 +10,10 @@ and one process, exactness tests (batched vs single, cache vs none, resumed vs s
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -107,18 +109,34 @@ def warm_nmt_path(warm_nmt, tmp_path_factory) -> str:
     return str(folder)
 
 
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """The folder `name`, made by `build(folder)` once per test run: under pytest-xdist the first process to
+    ask builds it (the others wait on a lock) and every process reads the same copy, as in a serial run."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the run's folder, above each process's own
+    folder, done = base / name, base / f"{name}.done"
+    with open(base / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            build(folder)
+            done.touch()
+    return folder
+
+
+def _build_toy_data(root: Path) -> None:
+    from nmt_cli.prepare import PrepareOptions, prepare
+
+    write_task(root / "raw" / "train", 1200, seed=1)
+    write_task(root / "raw" / "valid", 60, seed=2)
+    prepare(PrepareOptions("en", "de", str(root / "raw" / "train"), str(root / "raw" / "valid"), root / "data",
+                           bpe_merges=30, workers=1, quiet=True))
+
+
 @pytest.fixture(scope="session")
 def toy_data(tmp_path_factory) -> Path:
     """A prepared data dir of the toy task."""
-    from nmt_cli.prepare import PrepareOptions, prepare
-
-    root = tmp_path_factory.mktemp("toy")
-    write_task(root / "raw" / "train", 1200, seed=1)
-    write_task(root / "raw" / "valid", 60, seed=2)
-    out = root / "data"
-    prepare(PrepareOptions("en", "de", str(root / "raw" / "train"), str(root / "raw" / "valid"), out,
-                           bpe_merges=30, workers=1, quiet=True))
-    return out
+    return built_once(tmp_path_factory, "toy", _build_toy_data) / "data"
 
 
 TOY_TRAINING = dict(arch="tiny", dropout=0.0, max_tokens=1024, max_updates=800, warmup=100, cooldown=0.3,
@@ -133,21 +151,20 @@ def toy_model(tmp_path_factory, toy_data) -> Path:
     smoothing 0.1) on every seed tried (tests/README.md)."""
     from nmt_cli.train import TrainOptions, train
 
-    save = tmp_path_factory.mktemp("toy_ckpt")
-    train(TrainOptions(data=toy_data, save_dir=save, **TOY_TRAINING))
-    return save / "checkpoint_last.pt"
+    def build(save: Path) -> None:
+        train(TrainOptions(data=toy_data, save_dir=save, **TOY_TRAINING))
+
+    return built_once(tmp_path_factory, "toy_ckpt", build) / "checkpoint_last.pt"
 
 
-@pytest.fixture(scope="session")
-def multi30k_tiny(tmp_path_factory) -> tuple[Path, Path]:
-    """A `tiny` model briefly trained on 3,000 real Multi30k pairs, and the folder of its raw val text."""
+def _build_multi30k_tiny(root: Path) -> None:
     import gzip
 
     from nmt_cli.prepare import PrepareOptions, prepare
     from nmt_cli.train import TrainOptions, train
 
     src = shared_data("multi30k")
-    root = tmp_path_factory.mktemp("m30k_tiny")
+    root.mkdir(parents=True)
     for split, n in (("train", 3000), ("val", 100)):
         for lang in ("en", "de"):
             with gzip.open(src / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
@@ -156,4 +173,10 @@ def multi30k_tiny(tmp_path_factory) -> tuple[Path, Path]:
                            workers=1, quiet=True))
     train(TrainOptions(data=root / "data", save_dir=root / "ckpt", arch="tiny", max_tokens=2048, max_updates=200,
                        warmup=100, lr_scale=2.0, device="cpu", precision="fp32", quiet=True, seed=1))
+
+
+@pytest.fixture(scope="session")
+def multi30k_tiny(tmp_path_factory) -> tuple[Path, Path]:
+    """A `tiny` model briefly trained on 3,000 real Multi30k pairs, and the folder of its raw val text."""
+    root = built_once(tmp_path_factory, "m30k_tiny", _build_multi30k_tiny)
     return root / "ckpt" / "checkpoint_last.pt", root

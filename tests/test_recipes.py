@@ -389,7 +389,7 @@ def test_multi30k_backtranslation_recipe_at_smoke_size(tmp_path, warm_nmt):
     data = shared_data("multi30k")
     exp = tmp_path / "m30k"
     command = ["make", "-o", ".venv/.installed", "multi30k-bt", f"DATA={data}", f"EXP={exp}", "ARCH=tiny",
-               "LINES=24", "BT_MINUTES=0", "MAX_UPDATES=2", "BPE_MERGES=200", "PRECISION=fp32", f"NMT={warm_nmt}"]
+               "LINES=12", "BT_MINUTES=0", "MAX_UPDATES=2", "BPE_MERGES=200", "PRECISION=fp32", f"NMT={warm_nmt}"]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
@@ -398,13 +398,13 @@ def test_multi30k_backtranslation_recipe_at_smoke_size(tmp_path, warm_nmt):
     def lines(path: Path) -> list[str]:
         return path.read_text(encoding="utf-8").splitlines()
 
-    train_en = gzip.open(data / "train.en.gz", "rt", encoding="utf-8").read().splitlines()[:24]
+    train_en = gzip.open(data / "train.en.gz", "rt", encoding="utf-8").read().splitlines()[:12]
     parallel, mono_real = lines(corpora / "parallel.en"), lines(corpora / "mono_real.en")
-    assert len(parallel) == len(mono_real) == 12 and sorted(parallel + mono_real) == sorted(train_en)
-    assert len(lines(corpora / "bt.beam.en")) == len(lines(corpora / "bt.sampled.en")) == 12
+    assert len(parallel) == len(mono_real) == 6 and sorted(parallel + mono_real) == sorted(train_en)
+    assert len(lines(corpora / "bt.beam.en")) == len(lines(corpora / "bt.sampled.en")) == 6
     assert lines(corpora / "bt.beam.en") != lines(corpora / "bt.sampled.en")
     tagged = lines(bt / "tagged-bt" / "train.en")
-    assert tagged[:12] == parallel and all(line.startswith("<BT> ") for line in tagged[12:])
+    assert tagged[:6] == parallel and all(line.startswith("<BT> ") for line in tagged[6:])
     assert load_checkpoint(bt / "tagged-bt" / "model.pt")["tokenizer"]["tags"] == ["<BT>"]
     assert "<BT>" in lines(bt / "tagged-bt" / "data" / "vocab.txt")
     results = json.loads((bt / "backtranslation.json").read_text())
@@ -424,14 +424,14 @@ def test_multi30k_distillation_recipe_at_smoke_size(tmp_path, warm_nmt):
     data = shared_data("multi30k")
     exp = tmp_path / "m30k"
     command = ["make", "-o", ".venv/.installed", "multi30k-distill", f"DATA={data}", f"EXP={exp}", "ARCH=tiny",
-               "LINES=24", "TRAIN_MINUTES=0", "DISTILL_MINUTES=0", "MAX_UPDATES=2", "BPE_MERGES=200",
+               "LINES=12", "TRAIN_MINUTES=0", "DISTILL_MINUTES=0", "MAX_UPDATES=2", "BPE_MERGES=200",
                "PRECISION=fp32", "AVERAGE_WINDOWS=1", "LENPENS=0.6", f"NMT={warm_nmt}"]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     distill = exp / "distill"
     sources = (distill / "corpora" / "distilled.en").read_text(encoding="utf-8").splitlines()
-    assert sources == gzip.open(data / "train.en.gz", "rt", encoding="utf-8").read().splitlines()[:24]
+    assert sources == gzip.open(data / "train.en.gz", "rt", encoding="utf-8").read().splitlines()[:12]
     teacher = run_cli("translate", "-m", exp / "model.pt", "-i", distill / "corpora" / "distilled.en", "--quiet")
     assert teacher.stdout == (distill / "corpora" / "distilled.de").read_text(encoding="utf-8")
     rows = json.loads((distill / "distillation.json").read_text())
