@@ -10,6 +10,7 @@ import typer
 
 Arch = Enum("Arch", {name: name for name in ("tiny", "small", "base", "big")}, type=str)
 Precision = Enum("Precision", {name: name for name in ("auto", "fp32", "bf16", "fp16")}, type=str)
+CommPrecision = Enum("CommPrecision", {name: name for name in ("fp32", "bf16", "fp16")}, type=str)
 Device = Enum("Device", {name: name for name in ("cpu", "cuda")}, type=str)
 Engine = Enum("Engine", {name: name for name in ("auto", "nmt", "ctranslate2")}, type=str)
 # --help panels of the commands with many flags

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .cli_flags import P_DATA, P_DEVICE, P_LOG, P_MODEL, P_OPTIM, P_STOP, Arch, DeviceFlag, Precision
+from .cli_flags import P_DATA, P_DEVICE, P_LOG, P_MODEL, P_OPTIM, P_STOP, Arch, CommPrecision, DeviceFlag, Precision
 from .commandline import err, handle_errors
 
 
@@ -50,6 +50,14 @@ def train_cmd(
     precision: Annotated[Precision, typer.Option(rich_help_panel=P_DEVICE, help=(
         "Mixed precision (fp16: CUDA only). auto: bf16 where the GPU or CPU multiplies it in hardware (fp16 on "
         "GPUs without bf16), fp32 elsewhere (fp32: exact float32)."))] = Precision.auto,
+    comm_precision: Annotated[CommPrecision, typer.Option(rich_help_panel=P_DEVICE, help=(
+        "Precision the gradients are all-reduced in between processes (bf16 or fp16: half the bytes, for nodes "
+        "joined by a slow network; each process casts the sum back to fp32)."))] = CommPrecision.fp32,
+    compile: Annotated[Optional[bool], typer.Option(
+        "--compile/--no-compile", rich_help_panel=P_DEVICE, show_default="on CUDA, off on CPU", help=(
+            "torch.compile the encoder and decoder layers (fused dropout, residual and LayerNorm; far fewer "
+            "kernel launches). Compiling takes the first update's time (reported).")
+    )] = None,
     seed: Annotated[int, typer.Option(
         rich_help_panel=P_OPTIM, help="Random seed (initialization, batch order, dropout).")] = 1,
     device: DeviceFlag = None,

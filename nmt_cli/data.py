@@ -222,24 +222,40 @@ class Batch:
 
 
 def collate(corpus: ParallelCorpus, indices: np.ndarray, vocab: Vocabulary) -> Batch:
-    """Pad a batch: source + </s>; decoder input <s> + target; decoder target target + </s>."""
-    srcs = [corpus.src[int(i)] for i in indices]
-    tgts = [corpus.tgt[int(i)] for i in indices]
-    bsz = len(indices)
-    src = np.full((bsz, max(len(s) for s in srcs) + 1), vocab.pad, dtype=np.int64)
-    prev = np.full((bsz, max(len(t) for t in tgts) + 1), vocab.pad, dtype=np.int64)
-    target = prev.copy()
+    """Pad a batch: source + </s>; decoder input <s> + target; decoder target target + </s>.
+
+    A fixed handful of numpy operations on the whole batch, whatever its sentence count (no loop over
+    sentences), so collating on a background thread holds the GIL only briefly (numpy's gathers release it)."""
+    indices = np.asarray(indices, dtype=np.int64)
+    src, _ = _padded_rows(corpus.src, indices, vocab.pad, eos=vocab.eos)
+    target, lengths = _padded_rows(corpus.tgt, indices, vocab.pad, eos=vocab.eos)
+    prev = np.empty_like(target)
     prev[:, 0] = vocab.bos
-    for b, (s, t) in enumerate(zip(srcs, tgts)):
-        src[b, : len(s)] = s
-        src[b, len(s)] = vocab.eos
-        prev[b, 1 : len(t) + 1] = t
-        target[b, : len(t)] = t
-        target[b, len(t)] = vocab.eos
-    flat = target.reshape(-1)
-    index = np.flatnonzero(flat != vocab.pad)
+    prev[:, 1:] = target[:, :-1]
+    shorter = np.flatnonzero(lengths + 1 < target.shape[1])
+    prev[shorter, lengths[shorter] + 1] = vocab.pad  # the </s> shifted in is no decoder input
+    rows, within = _ragged_positions(lengths + 1)  # the real target tokens, </s> included
+    index = rows * target.shape[1] + within
     return Batch(torch.from_numpy(src), torch.from_numpy(prev), torch.from_numpy(index),
-                 torch.from_numpy(flat[index]), len(index))
+                 torch.from_numpy(target.reshape(-1)[index]), len(index))
+
+
+def _ragged_positions(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For rows of these lengths laid end to end: each element's row and its position within the row."""
+    rows = np.repeat(np.arange(len(lengths)), lengths)
+    within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return rows, within
+
+
+def _padded_rows(dataset: IndexedDataset, indices: np.ndarray, pad: int, eos: int) -> tuple[np.ndarray, np.ndarray]:
+    """The sentences `indices` of `dataset`, each followed by </s>, as rows of a (B, longest + 1) int64 array
+    filled with `pad`; and their lengths (without </s>)."""
+    lengths = dataset.sizes[indices]
+    out = np.full((len(indices), int(lengths.max(initial=0)) + 1), pad, dtype=np.int64)
+    rows, within = _ragged_positions(lengths)
+    out[rows, within] = dataset.tokens[np.repeat(dataset.offsets[indices], lengths) + within]
+    out[np.arange(len(indices)), lengths] = eos
+    return out, lengths
 
 
 def prefetch(make: Callable[[T], U], items: Iterable[T], background: bool = True) -> Iterator[U]:

@@ -13,8 +13,8 @@ prepares it with `nmt prepare`. Then, through the real training code:
   (c) the 2-rank path: torchrun with 2 processes (NCCL on 2 GPUs; gloo on CPU where fewer GPUs) against one
       process with --update-freq 2: the same per-update losses within TWO_RANK_RTOL;
   (d) throughput of base and big (tiny with --device cpu) on synthetic WMT-like batches, bf16, at
-      the recipe's 4096 tokens per micro-batch and at 4x that (is 4096 launch-bound?): target tokens/s, MFU
-      against the GPU's dense bf16 peak, peak memory.
+      the recipe's 4096 tokens per micro-batch and at 4x that (is 4096 launch-bound?), eager and with the layers
+      compiled (CUDA; eager only on CPU): target tokens/s, MFU against the GPU's dense bf16 peak, peak memory.
 With --device cpu the same code runs at tiny sizes in about a minute (CI runs it: tests/test_recipes.py), in
 fp32 instead of bf16 on a CPU without bf16 instructions (where PyTorch emulates bf16 products, many times slower).
 Exit code 0 when every line passes (or is skipped: fp16 on CPU), 1 otherwise.
@@ -45,9 +45,11 @@ MEAN_LEN = 27  # BPE tokens per WMT14 en-de sentence (~25 words) plus </s>
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "V100": 125.0,
                "P100": 21.2}
 SIZES = {  # device -> learning model and updates, throughput models, warm-up and timed updates, vocabulary
-    "cuda": {"learn": ("small", 500), "speed": ("base", "big"), "updates": (5, 20), "vocab": VOCAB},
+    "cuda": {"learn": ("small", 500), "speed": ("base", "big"), "updates": (5, 20), "vocab": VOCAB,
+             "compile": (False, True)},
     # the code path, not a CPU figure: an unaligned vocabulary a tenth the size keeps the output layer's share
-    "cpu": {"learn": ("tiny", 300), "speed": ("tiny",), "updates": (1, 4), "vocab": 3_997},
+    # compiled layers: slower than eager on CPU (benchmarks/compile.py measures them there), so eager only
+    "cpu": {"learn": ("tiny", 300), "speed": ("tiny",), "updates": (1, 4), "vocab": 3_997, "compile": (False,)},
 }
 
 
@@ -217,8 +219,9 @@ def check_two_ranks(data: Path, work: Path, device: str) -> dict:
             "figure": f"largest relative loss difference {worst:.1e} (<= {TWO_RANK_RTOL:g})"}
 
 
-def check_speed(device_name: str, arch: str, max_tokens: int) -> dict:
-    """(d): target tokens/s of the real update on synthetic batches, bf16 (`fast_precision`)."""
+def check_speed(device_name: str, arch: str, max_tokens: int, compiled: bool) -> dict:
+    """(d): target tokens/s of the real update on synthetic batches, bf16 (`fast_precision`), eager or with the
+    layers compiled (`nmt train`'s default on CUDA; the compiling update is among the warm-up ones)."""
     import torch
 
     from . import distributed as D
@@ -230,6 +233,8 @@ def check_speed(device_name: str, arch: str, max_tokens: int) -> dict:
     vocab = SIZES[device.type]["vocab"]
     torch.manual_seed(1)
     model = Transformer(make_config(arch, vocab)).to(device)
+    if compiled:
+        model.compile_layers()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
     scaler = torch.amp.GradScaler(device.type, enabled=False)
     precision = fast_precision(device.type)
@@ -259,7 +264,8 @@ def check_speed(device_name: str, arch: str, max_tokens: int) -> dict:
     del model, optimizer
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return {"check": f"speed: {arch}, {precision}, {max_tokens} tokens per micro-batch, vocabulary {vocab:,}",
+    mode = "compiled" if compiled else "eager"
+    return {"check": f"speed: {arch}, {precision}, {mode}, {max_tokens} tokens per micro-batch, vocabulary {vocab:,}",
             "status": "PASS",
             "figure": f"{speed:,.0f} tgt tok/s, MFU {mfu}, peak {memory}", "tok_s": speed}
 
@@ -290,13 +296,13 @@ def main() -> int:
         rows.append(check_resume(data, work, args.device))
         rows.append(check_two_ranks(data, work, args.device))
     for arch in SIZES[args.device]["speed"]:
-        for max_tokens in (4096, 16384):
-            try:
-                rows.append(check_speed(args.device, arch, max_tokens))
-            except torch.OutOfMemoryError:
-                rows.append({"check": f"speed: {arch}, {fast_precision(args.device)}, {max_tokens} tokens per "
-                             "micro-batch", "status": "FAIL",
-                             "figure": "out of memory"})
+        for compiled in SIZES[args.device]["compile"]:
+            for max_tokens in (4096, 16384):
+                try:
+                    rows.append(check_speed(args.device, arch, max_tokens, compiled))
+                except torch.OutOfMemoryError:
+                    rows.append({"check": f"speed: {arch}, {fast_precision(args.device)}, {max_tokens} tokens per "
+                                 "micro-batch", "status": "FAIL", "figure": "out of memory"})
     table = Table(title=f"gpu-check on {where}: {time.monotonic() - began:.0f} s")
     for column in ("check", "result", "figures"):
         table.add_column(column)

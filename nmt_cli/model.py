@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 
 import torch
@@ -463,6 +464,7 @@ class Transformer(nn.Module):
         # Pre-norm stacks end in a LayerNorm of their own; post-norm ones are already normalized.
         self.encoder_norm = nn.LayerNorm(c.d_model) if c.pre_norm else nn.Identity()
         self.decoder_norm = nn.LayerNorm(c.d_model) if c.pre_norm else nn.Identity()
+        self.compiled_layers: tuple[Callable, Callable] | None = None  # see compile_layers
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -478,6 +480,16 @@ class Transformer(nn.Module):
             self.embed.weight[c.pad].zero_()
         if self.position_embed is not None:  # as fairseq's learned positions: N(0, d^-1/2)
             nn.init.normal_(self.position_embed, mean=0.0, std=self.config.d_model**-0.5)
+
+    def compile_layers(self, backend: str = "inductor") -> Transformer:
+        """Run training's encoder and decoder layers through torch.compile (dynamic shapes, for the varying
+        sentence lengths): each sublayer's dropout, cast, residual add and LayerNorm become one fused kernel and
+        the element-wise operations of attention and the FFN fewer. One compiled function per layer type serves
+        every layer of the stack; compilation happens at the first update. Decoding and evaluation stay eager.
+        `backend`: torch.compile's (inductor generates the fused kernels; aot_eager only traces, for tests)."""
+        self.compiled_layers = (torch.compile(EncoderLayer.forward, dynamic=True, backend=backend),
+                                torch.compile(DecoderLayer.forward, dynamic=True, backend=backend))
+        return self
 
     def pack_weights(self) -> Transformer:
         """Keep oneDNN's packed copies of the weights for CPU inference products (`ops.PackedWeight`: 5-10%
@@ -516,8 +528,9 @@ class Transformer(nn.Module):
         """src (B, S) -> encoder output (B, S, d) and key mask (B, 1, 1, S), True where not padding."""
         src_mask = (src != self.config.pad)[:, None, None, :]
         x = self._embed(src)
+        compiled = self.compiled_layers is not None and self.training
         for layer in self.encoder:
-            x = layer(x, src_mask)
+            x = self.compiled_layers[0](layer, x, src_mask) if compiled else layer(x, src_mask)
         return self.encoder_norm(x), src_mask
 
     def memory_kv(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
@@ -527,8 +540,9 @@ class Transformer(nn.Module):
     def decode(self, prev_output: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
         """Teacher-forced decoder: prev_output (B, T) -> hidden states (B, T, d)."""
         x = self._embed(prev_output)
+        compiled = self.compiled_layers is not None and self.training
         for layer, kv in zip(self.decoder, self.memory_kv(memory)):
-            x = layer(x, kv, src_mask)
+            x = self.compiled_layers[1](layer, x, kv, src_mask) if compiled else layer(x, kv, src_mask)
         return self.decoder_norm(x)
 
     def logits(self, hidden: Tensor) -> Tensor:

@@ -10,6 +10,7 @@ import secrets
 import socket
 import sys
 import time
+from collections.abc import Callable
 from contextlib import closing, nullcontext, suppress
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -88,6 +89,30 @@ def restore_scaler(scaler: torch.amp.GradScaler, saved: dict) -> str | None:
     return None
 
 
+def gradient_compression_hook(precision: str) -> Callable:
+    """A DDP communication hook that all-reduces the gradient buckets in bf16 or fp16 (--comm-precision): each
+    process casts its bucket and divides it by the process count, the all-reduce sums the half-size copies,
+    and each process casts the result back into its fp32 bucket (an average, as without the hook). PyTorch's
+    own `bf16_compress_hook` does the same but DDP accepts it only with NCCL; this one runs on gloo too."""
+    import torch.distributed as dist
+
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+
+    def hook(group, bucket):  # unannotated: DDP compares annotations with classes, which strings are not here
+        group = group or dist.group.WORLD
+        buffer = bucket.buffer()
+        compressed = buffer.to(dtype).div_(group.size())
+        future = dist.all_reduce(compressed, group=group, async_op=True).get_future()
+
+        def decompress(done):
+            buffer.copy_(done.value()[0])
+            return buffer
+
+        return future.then(decompress)
+
+    return hook
+
+
 def check_options(opts: TrainOptions) -> None:
     """One-line errors for numeric options outside their range, before anything is loaded."""
     checks = [
@@ -109,6 +134,8 @@ def check_options(opts: TrainOptions) -> None:
         ("--label-smoothing", opts.label_smoothing, 0 <= opts.label_smoothing < 1, "in [0, 1)"),
         ("--clip-norm", opts.clip_norm, opts.clip_norm >= 0, "0 (off) or more"),
         ("--log-interval", opts.log_interval, opts.log_interval >= 1, "at least 1"),
+        ("--comm-precision", opts.comm_precision, opts.comm_precision in ("fp32", "bf16", "fp16"),
+         "fp32, bf16 or fp16"),
     ]
     for name in ("layers", "d_model", "ffn", "heads", "head_dim"):
         value = getattr(opts, name)
@@ -243,7 +270,8 @@ class Trainer:
         check_options(opts)
         self.device = device = D.resolve_device(opts.device, int(os.environ.get("LOCAL_RANK", "0")))
         # `auto` is recorded (options.json, the log) as what it chose on this device
-        self.opts = opts = replace(opts, precision=resolve_precision(opts.precision, device))
+        self.opts = opts = replace(opts, precision=resolve_precision(opts.precision, device),
+                                   compile=device.type == "cuda" if opts.compile is None else opts.compile)
         self.data = data = DataDir.open(opts.data)
         initial = self.initial_model(data) if opts.init_from is not None else None
         if initial is not None:  # the model's own architecture; only the dropout rates may change
@@ -277,6 +305,9 @@ class Trainer:
             self.agree_on_save_dir(resume)
         torch.manual_seed(opts.seed)
         self.model = model = Transformer(config).to(device)
+        if opts.compile:
+            model.compile_layers()
+        self.compile_pending = opts.compile  # the first update compiles: its time is reported
         # fused: one kernel for all parameters' Adam update (CPU and CUDA); the per-tensor loop cost 4x more.
         self.optimizer = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9, fused=True)
         self.scaler = torch.amp.GradScaler(device.type, enabled=opts.precision == "fp16")
@@ -313,6 +344,8 @@ class Trainer:
             # (so they are zeroed in place, not set to None: `update.train_step`).
             self.runner: nn.Module = DistributedDataParallel(self.loss_module, device_ids=ids,
                                                              gradient_as_bucket_view=True, **no_sync)
+            if opts.comm_precision != "fp32":
+                self.runner.register_comm_hook(None, gradient_compression_hook(opts.comm_precision))
         else:
             self.runner = self.loss_module
         self.runner.train()
@@ -441,6 +474,16 @@ class Trainer:
         D.shutdown(ctx)
         return summary
 
+    def report_compile(self, seconds: float) -> None:
+        """Log (and print) how long the first update took with the layers compiled in it."""
+        self.log.write({"event": "compiled", "seconds": round(seconds, 1)})
+        if self.ctx.is_main and not self.opts.quiet:
+            message = f"compiled the encoder and decoder layers (torch.compile) in {seconds:.0f} s, the first update"
+            if sys.stdout.isatty():
+                print(f"nmt train: {message}", file=sys.stderr, flush=True)
+            else:
+                plain_line(message)
+
     def validation_metrics(self) -> tuple[dict, float]:
         """Validation loss, NLL and perplexity (and BLEU with --eval-bleu) over every process, and the figure
         that ranks checkpoints: BLEU with --eval-bleu, else the loss."""
@@ -496,9 +539,20 @@ class Trainer:
         lr *= cooldown_factor(self.budget_used(), opts.cooldown)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        loss, global_tokens, shared = train_step(self.runner, self.model, micro, self.optimizer, self.scaler, opts,
-                                                 self.ctx, self.device, lambda: self.host_flags(time.monotonic()))
+        started = time.monotonic()
+        try:
+            loss, global_tokens, shared = train_step(self.runner, self.model, micro, self.optimizer, self.scaler,
+                                                     opts, self.ctx, self.device,
+                                                     lambda: self.host_flags(time.monotonic()))
+        except torch._dynamo.exc.BackendCompilerFailed as e:  # a missing C++ compiler or Triton, say
+            cause = getattr(e, "inner_exception", None) or e
+            reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+            raise NmtError(f"--compile: torch.compile could not compile the layers ({reason}); train with "
+                           "--no-compile") from None
         now = time.monotonic()
+        if self.compile_pending:
+            self.compile_pending = False
+            self.report_compile(now - started)
         time_up, save_due, state_due, signalled = self.read_flags(shared)
         skipped = global_tokens is None
         state.batch_pos += len(micro)

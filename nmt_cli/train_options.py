@@ -29,6 +29,8 @@ class TrainOptions:
     max_epochs: int = 0
     max_time: float = 0.0  # minutes of wall-clock time, validation included
     precision: str = "auto"  # precision.auto_precision: bf16 where the device runs it fast, else fp32
+    comm_precision: str = "fp32"  # gradients' all-reduce dtype between processes (DDP communication hook)
+    compile: bool | None = None  # torch.compile the layers; None: on CUDA only (on CPU it measured slower)
     seed: int = 1
     device: str | None = None
     save_interval_updates: int = 0

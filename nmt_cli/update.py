@@ -114,7 +114,8 @@ def train_step(runner: nn.Module, model: Transformer, micro: list[Batch], optimi
     The loss is summed over target tokens and divided by the global token count; DDP averages gradients
     over processes, hence the world_size factor. All of it costs one small all-reduce and one host read per
     update: the loss, the finiteness of the gradient norm (all-reduced gradients, so every process decides
-    alike) and the flags travel in one device tensor, read before the optimizer step.
+    alike) and the flags travel in one device tensor, read after a fused optimizer's step is queued (it skips
+    itself on the device after non-finite gradients), before any other optimizer's step.
     """
     local_tokens = sum(b.ntokens for b in micro)
     # Filled on the device (torch.tensor would copy from pageable host memory, which waits for the stream).
@@ -136,14 +137,23 @@ def train_step(runner: nn.Module, model: Transformer, micro: list[Batch], optimi
         norm = nn.utils.clip_grad_norm_(model.parameters(), opts.clip_norm)
     else:
         norm = nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+    non_finite = ~torch.isfinite(norm)  # alike on every process: the gradients were all-reduced
+    # A fused Adam skips itself on the device when told the gradients are not finite (`found_inf`, as
+    # GradScaler drives it): the step is queued before the update's host read, so the device runs it while the
+    # host waits there, and the next micro-batch's forward queues right behind it.
+    step_on_device = bool(optimizer.defaults.get("fused"))
+    if step_on_device:
+        optimizer.found_inf = non_finite.float()
+        optimizer.step()
+        del optimizer.found_inf
     # [loss, non-finite, tokens, *flags]: summed over processes in one all-reduce, read in one go
     host_values = _on_device([local_tokens, *(flags() if flags else ())], device)
-    shared = torch.cat([torch.stack([update_loss, (~torch.isfinite(norm)).double()]), host_values])
+    shared = torch.cat([torch.stack([update_loss, non_finite.double()]), host_values])
     if ctx.enabled:
         dist.all_reduce(shared)
-    loss_sum, non_finite, tokens, *flags_summed = shared.tolist()  # the update's one host read
-    skipped = non_finite > 0
-    if not skipped:
+    loss_sum, non_finite_sum, tokens, *flags_summed = shared.tolist()  # the update's one host read
+    skipped = non_finite_sum > 0
+    if not skipped and not step_on_device:
         optimizer.step()
     if scaler.is_enabled():
         scaler.update()  # lowers the scale after non-finite gradients, raises it after enough finite ones

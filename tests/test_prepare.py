@@ -34,6 +34,33 @@ def _prepare(root: Path, out: Path, workers: int, **kw) -> dict:
                                   workers=workers, quiet=True, **kw))
 
 
+def test_collated_batches_pad_each_sentence_as_a_loop_over_them_would(toy_data):
+    """collate's whole-batch numpy gathers give what padding sentence by sentence gives, on real batches (one
+    sentence, many, the longest first or last, indices in any order)."""
+    import numpy as np
+
+    from nmt_cli.data import collate, make_batches
+
+    data = DataDir.open(toy_data)
+    corpus, vocab = data.split("train"), data.vocab
+    batches = make_batches(corpus.src.sizes, corpus.tgt.sizes, 256, 1)
+    shuffled = np.random.default_rng(1).permutation(len(corpus))[:37]
+    for indices in [*batches[:20], batches[0][:1], shuffled]:
+        srcs, tgts = [corpus.src[int(i)] for i in indices], [corpus.tgt[int(i)] for i in indices]
+        src = np.full((len(indices), max(map(len, srcs)) + 1), vocab.pad)
+        prev = np.full((len(indices), max(map(len, tgts)) + 1), vocab.pad)
+        target = prev.copy()
+        for b, (s, t) in enumerate(zip(srcs, tgts)):
+            src[b, : len(s) + 1] = [*s, vocab.eos]
+            prev[b, : len(t) + 1] = [vocab.bos, *t]
+            target[b, : len(t) + 1] = [*t, vocab.eos]
+        batch = collate(corpus, indices, vocab)
+        assert np.array_equal(batch.src.numpy(), src) and np.array_equal(batch.prev_output.numpy(), prev)
+        real = np.flatnonzero(target.reshape(-1) != vocab.pad)
+        assert np.array_equal(batch.target_index.numpy(), real)
+        assert np.array_equal(batch.target.numpy(), target.reshape(-1)[real]) and batch.ntokens == len(real)
+
+
 def test_binarized_ids_decode_to_bpe_text(multi30k_subset, tmp_path):
     _prepare(multi30k_subset, tmp_path / "d", workers=1)
     data = DataDir.open(tmp_path / "d")

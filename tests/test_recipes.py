@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -140,9 +141,10 @@ def test_wmt14_variations_rehearsal(wmt14_archives, tmp_path_factory, warm_nmt):
 
 
 def test_wmt14_recipe_on_two_nodes(wmt14_archives, tmp_path, warm_nmt):
-    """`make wmt14-base NNODES=2`, the two nodes' make processes started side by side on loopback with one shared
-    WMT14_EXP: node 0 alone prepares the data, averages the base model's last 5 checkpoints, translates and
-    scores; node 1 waits for the data, trains with it, and stops after training; both exit 0."""
+    """`make wmt14-base NNODES=2`, the two nodes' make processes started side by side on loopback, each in its own
+    checkout, with one shared WMT14_EXP: node 0 alone prepares the data, averages the base model's last 5
+    checkpoints, translates and scores; node 1 waits for the data, trains with it, and stops after training; both
+    exit 0."""
     from .test_multinode import free_port
 
     exp = tmp_path / "shared-exp"
@@ -151,8 +153,19 @@ def test_wmt14_recipe_on_two_nodes(wmt14_archives, tmp_path, warm_nmt):
               "WMT14_SAVE_UPDATES=2", "WMT14_BPE=400", "WMT14_MAX_TOKENS=1024", f"WMT14_TEST_LINES={WMT14_TEST_LINES}",
               "WMT14_TRAIN_FLAGS=--quiet", "WMT14_WAIT_MINUTES=5", f"NMT={warm_nmt}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # Each node runs from its own checkout, as on a cluster without a shared home: node 1's is a copy of this
+    # one's files (its environment linked: installing is `make install`'s test).
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            capture_output=True, text=True, check=True).stdout.split("\0")
+    checkout = tmp_path / "node1-checkout"
+    for name in filter(None, listed):
+        if (REPO / name).is_file():
+            (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, checkout / name)
+    (checkout / ".venv").symlink_to(REPO / ".venv")
     nodes = [subprocess.Popen(["make", "-o", ".venv/.installed", "wmt14-base", f"NODE_RANK={rank}", *common],
-                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                              cwd=checkout if rank else REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env)
              for rank in (1, 0)]  # node 1 first: it must wait for node 0's data
     (out1, err1), (out0, err0) = (p.communicate(timeout=900) for p in nodes)
     assert [p.returncode for p in nodes] == [0, 0], (out1[-2000:], err1[-2000:], out0[-2000:], err0[-2000:])

@@ -98,34 +98,52 @@ def test_resume_is_exact(toy_data, tmp_path):
 
 
 def test_two_processes_equal_one_with_update_freq_2(toy_data, tmp_path):
-    """torchrun --nproc_per_node 2 (gloo) == one process with --update-freq 2, on the same batches."""
+    """torchrun --nproc_per_node 2 (gloo) == one process with --update-freq 2, on the same batches; with
+    --comm-precision bf16 the gradients cross in bf16: the same losses to bf16's rounding, other weights."""
     single = tmp_path / "single"
     train(_opts(toy_data, single, max_updates=4, dropout=0.0, update_freq=2, max_tokens=256,
-                save_interval_updates=2, cooldown=0.5))
-    ddp = tmp_path / "ddp"
+                save_interval_updates=2, cooldown=0.5, log_interval=1))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "nmt_cli",
-           "train", str(toy_data), "--save-dir", str(ddp), "--arch", "tiny", "--max-tokens", "256", "--warmup", "50",
-           "--device", "cpu", "--quiet", "--seed", "7", "--max-updates", "4", "--dropout", "0",
-           "--cooldown", "0.5"]
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stderr[-3000:]
-    a, b = _params(single / "checkpoint_last.pt"), _params(ddp / "checkpoint_last.pt")
+
+    def torchrun(save: Path, *flags: str) -> dict[str, torch.Tensor]:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+               "nmt_cli", "train", str(toy_data), "--save-dir", str(save), "--arch", "tiny", "--max-tokens", "256",
+               "--warmup", "50", "--device", "cpu", "--quiet", "--seed", "7", "--max-updates", "4", "--dropout", "0",
+               "--cooldown", "0.5", "--log-interval", "1", *flags]
+        result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return _params(save / "checkpoint_last.pt")
+
+    def losses(save: Path) -> list[float]:
+        return [r["loss"] for r in map(json.loads, (save / "train.jsonl").read_text().splitlines())
+                if r["event"] == "train"]
+
+    ddp = tmp_path / "ddp"
+    a, b = _params(single / "checkpoint_last.pt"), torchrun(ddp)
     d = 64
-    for name in a:
-        x, y = a[name], b[name]
+
+    def comparable(name: str, x: torch.Tensor) -> torch.Tensor:
         if name.endswith("attn.in_proj.bias"):
             # The key bias has an exactly zero gradient (softmax is shift-invariant), so Adam turns the
             # rounding noise of either summation order into +-lr steps there: compare Q and V biases only.
-            x, y = torch.cat([x[:d], x[2 * d :]]), torch.cat([y[:d], y[2 * d :]])
-        torch.testing.assert_close(x, y, atol=2e-6, rtol=1e-5, msg=name)
+            return torch.cat([x[:d], x[2 * d :]])
+        return x
+
+    for name in a:
+        torch.testing.assert_close(comparable(name, a[name]), comparable(name, b[name]), atol=2e-6, rtol=1e-5,
+                                   msg=name)
     fresh = _params(single / "checkpoint_2.pt")
     # The last two updates moved the weights far more than the comparison above tolerates (atol 2e-6).
     threshold("largest weight change in updates 3-4", max(float((fresh[n] - a[n]).abs().max()) for n in a),
               low=2e-4)
     log = [json.loads(x) for x in (ddp / "train.jsonl").read_text().splitlines()]
     assert log[0]["world_size"] == 2
+    assert losses(ddp) == pytest.approx(losses(single), rel=1e-5)
 
+    half = torchrun(tmp_path / "bf16", "--comm-precision", "bf16")
+    assert losses(tmp_path / "bf16") == pytest.approx(losses(ddp), rel=1e-3)
+    threshold("largest weight difference, bf16 vs fp32 gradient all-reduce",
+              max(float((comparable(n, half[n]) - comparable(n, b[n])).abs().max()) for n in b), low=2e-5)
 
 def test_cooldown_lowers_the_learning_rate_to_zero_at_the_budget(toy_data, tmp_path):
     """--cooldown 0.5 of --max-updates 20: eq. 3 for updates 1-11, then linearly down to 1/10 of it at update 20."""
@@ -146,6 +164,40 @@ def test_bf16_trains(toy_data, tmp_path):
     assert summary["updates"] == 40 and all(torch.isfinite(torch.tensor(losses)))
     assert losses[-1] < losses[0]
 
+
+def test_compiled_layers_train_as_the_eager_ones_do(toy_data, tmp_path, monkeypatch):
+    """--compile (torch.compile of the encoder and decoder layers; the default on CUDA): dynamo captures each
+    layer type whole, once for the stack, and the run gives the eager run's per-update losses, with its
+    compile time reported. Traced with the aot_eager backend (dynamo and AOT autograd, the parts that see this
+    code; inductor's kernels are PyTorch's): inductor alone adds ~35 s here; benchmarks/compile.py runs it."""
+    from torch._dynamo.utils import counters
+
+    from nmt_cli.model import Transformer
+
+    compile_layers = Transformer.compile_layers
+    monkeypatch.setattr(Transformer, "compile_layers", lambda model: compile_layers(model, backend="aot_eager"))
+    small = dict(max_updates=3, layers=2, d_model=32, ffn=64, heads=2, dropout=0.0, log_interval=1)
+    train(_opts(toy_data, tmp_path / "eager", **small))
+    graphs = counters["stats"]["unique_graphs"]
+    train(_opts(toy_data, tmp_path / "compiled", compile=True, **small))
+    assert counters["stats"]["unique_graphs"] - graphs == 2  # one per layer type, shared by the stack
+
+    def log(run: str) -> list[dict]:
+        return [json.loads(x) for x in (tmp_path / run / "train.jsonl").read_text().splitlines()]
+
+    losses = {run: [r["loss"] for r in log(run) if r["event"] == "train"] for run in ("eager", "compiled")}
+    assert len(losses["eager"]) == 3
+    assert losses["compiled"] == pytest.approx(losses["eager"], rel=1e-4)
+    assert [r["seconds"] > 0 for r in log("compiled") if r["event"] == "compiled"] == [True]
+    assert not any(r["event"] == "compiled" for r in log("eager"))
+
+    def no_compiler(graph, inputs):
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setattr(Transformer, "compile_layers", lambda model: compile_layers(model, backend=no_compiler))
+    expect_error(run_cli("train", toy_data, "--save-dir", tmp_path / "failed", "--arch", "tiny", "--compile",
+                         "--max-updates", "1", "--device", "cpu", "--quiet"),
+                 "--compile: torch.compile could not compile the layers", "no C++ compiler found", "--no-compile")
 
 def test_bad_training_input(toy_data, tmp_path):
     save = tmp_path / "ck"
@@ -293,7 +345,10 @@ def test_one_host_read_per_update_in_the_whole_loop(toy_data, tmp_path, processe
     assert len(per_step) == 5 and all(len(reads) == 1 for reads in per_step), per_step
 
 
-def test_non_finite_gradient_skips_the_update(toy_data):
+@pytest.mark.parametrize("fused", [False, True])
+def test_non_finite_gradient_skips_the_update(toy_data, fused):
+    """NaN gradients leave the weights and Adam's state as they were: decided on the host after the update's
+    read (any optimizer), or on the device by a fused Adam whose step is queued before the read."""
     from nmt_cli import distributed as D
     from nmt_cli.data import DataDir, collate, make_batches
     from nmt_cli.model import Transformer, make_config
@@ -303,16 +358,30 @@ def test_non_finite_gradient_skips_the_update(toy_data):
     corpus = data.split("train")
     micro = [collate(corpus, make_batches(corpus.src.sizes, corpus.tgt.sizes, 256, 1)[0], data.vocab)]
     model = Transformer(make_config("tiny", len(data.vocab)))
-    model.encoder[0].feed_forward.w1.weight.register_hook(lambda g: g * float("nan"))  # finite loss, NaN gradient
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=fused)
+
+    def step() -> tuple[float, float | None]:
+        loss, tokens, _ = train_step(TranslationLoss(model, 0.1), model, micro, optimizer,
+                                     torch.amp.GradScaler("cpu", enabled=False), _opts(toy_data, Path(".")),
+                                     D.DistContext(), torch.device("cpu"))
+        return loss, tokens
+
+    if fused:
+        assert step()[1] is not None  # a real step first: Adam's state exists
     before = [p.detach().clone() for p in model.parameters()]
-    loss, tokens, _ = train_step(TranslationLoss(model, 0.1), model, micro, optimizer,
-                                 torch.amp.GradScaler("cpu", enabled=False), _opts(toy_data, Path(".")),
-                                 D.DistContext(), torch.device("cpu"))
+    state = [{k: v.clone() for k, v in s.items()} for s in optimizer.state.values()]
+    hook = model.encoder[0].feed_forward.w1.weight.register_hook(lambda g: g * float("nan"))  # NaN gradient
+    loss, tokens = step()
     assert math.isfinite(loss) and tokens is None
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
-    assert not optimizer.state  # Adam's moments untouched too
-
+    after = list(optimizer.state.values())
+    assert len(after) == len(state)
+    for now, then in zip(after, state):
+        assert now.keys() == then.keys() and all(torch.equal(now[k], then[k]) for k in then)
+    if fused:
+        hook.remove()
+        assert step()[1] is not None and all(float(s["step"]) == 2 for s in optimizer.state.values())
+        assert not all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
 
 def test_numbered_checkpoints_at_epoch_ends_without_an_interval(toy_data, tmp_path):
     save = tmp_path / "ck"
