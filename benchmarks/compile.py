@@ -97,8 +97,13 @@ def main() -> None:
                 for c in (False, True)}
     train = {c: {r["update"]: r["loss"] for r in log if r["event"] == "train"} for c, log in logs.items()}
     valid = {c: {r["update"]: r["valid_loss"] for r in log if r["event"] == "valid"} for c, log in logs.items()}
-    rows = [[u, f"{train[False][u]:.3f}", f"{train[True][u]:.3f}", f"{valid[False].get(u, float('nan')):.3f}",
-             f"{valid[True].get(u, float('nan')):.3f}"] for u in sorted(train[False]) if u in train[True]]
+
+    def shown(figures: dict, update: int) -> str:
+        return f"{figures[update]:.3f}" if update in figures else ""
+
+    updates = sorted({u for figures in (*train.values(), *valid.values()) for u in figures})
+    rows = [[u, shown(train[False], u), shown(train[True], u), shown(valid[False], u), shown(valid[True], u)]
+            for u in updates]
     ends = [next(r for r in log if r["event"] == "end") for log in logs.values()]
     print_table(f"{args.curve_arch} on {args.data}, {args.curve_updates} updates, seed 1 "
                 f"({ends[0]['elapsed']:.0f} s eager, {ends[1]['elapsed']:.0f} s compiled)",

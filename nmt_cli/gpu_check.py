@@ -221,14 +221,18 @@ def check_two_ranks(data: Path, work: Path, device: str) -> dict:
 
 def check_speed(device_name: str, arch: str, max_tokens: int, compiled: bool) -> dict:
     """(d): target tokens/s of the real update on synthetic batches, bf16 (`fast_precision`), eager or with the
-    layers compiled (`nmt train`'s default on CUDA; the compiling update is among the warm-up ones)."""
+    layers compiled (`nmt train`'s default on CUDA; the compiling update is among the warm-up ones), under DDP
+    and fed from pinned memory as training is."""
     import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
 
     from . import distributed as D
     from .model import Transformer, make_config
-    from .train import TrainOptions, TranslationLoss, train_step
+    from .train import BUFFER_SYNC_FLAG, TrainOptions, TranslationLoss, train_step
 
     device = torch.device(device_name)
+    cuda = device.type == "cuda"
     warm, timed = SIZES[device.type]["updates"]
     vocab = SIZES[device.type]["vocab"]
     torch.manual_seed(1)
@@ -239,30 +243,42 @@ def check_speed(device_name: str, arch: str, max_tokens: int, compiled: bool) ->
     scaler = torch.amp.GradScaler(device.type, enabled=False)
     precision = fast_precision(device.type)
     opts = TrainOptions(data=Path("."), save_dir=Path("."), arch=arch, precision=precision)
+    # As training feeds a GPU: page-locked batches copied without blocking (pinned once here; training pins
+    # on its collating thread).
     batches = synthetic_batches(8, max_tokens, seed=1, vocab=vocab)
-    if device.type == "cuda":
+    batches = [b.pin_memory() for b in batches] if cuda else batches
+    if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    loss_module = TranslationLoss(model, 0.1)
-    tokens, start = 0, 0.0
-    for step in range(warm + timed):
-        if step == warm:
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            start, tokens = time.perf_counter(), 0
-        micro = [batches[step % len(batches)].to(device)]
-        train_step(loss_module, model, micro, optimizer, scaler, opts, D.DistContext(), device)
-        tokens += micro[0].ntokens
+    # Under DDP as multi-GPU training runs (a 1-process group: its gradient buckets and hooks, no network).
+    own_group = not dist.is_initialized()
+    if own_group:
+        dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        runner = DistributedDataParallel(TranslationLoss(model, 0.1), device_ids=[device.index or 0] if cuda else None,
+                                         gradient_as_bucket_view=True, **{BUFFER_SYNC_FLAG: False})
+        tokens, start = 0, 0.0
+        for step in range(warm + timed):
+            if step == warm:
+                if cuda:
+                    torch.cuda.synchronize(device)
+                start, tokens = time.perf_counter(), 0
+            micro = [batches[step % len(batches)].to(device, non_blocking=cuda)]
+            train_step(runner, model, micro, optimizer, scaler, opts, D.DistContext(), device)
+            tokens += micro[0].ntokens
+    finally:
+        if own_group:
+            dist.destroy_process_group()
     seconds = time.perf_counter() - start  # train_step's host read waits for the update
     speed = tokens / seconds
-    if device.type == "cuda":
+    if cuda:
         name = torch.cuda.get_device_name(device)
         peak = next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
         mfu = f"{speed * flops_per_target_token(arch) / (peak * 1e12):.1%}" if peak else "n/a (unknown GPU)"
         memory = f"{torch.cuda.max_memory_allocated(device) / 2**30:.1f} GB"
     else:
         mfu, memory = "n/a (CPU)", f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.1f} GB RSS"
-    del model, optimizer
-    if device.type == "cuda":
+    del model, optimizer, runner
+    if cuda:
         torch.cuda.empty_cache()
     mode = "compiled" if compiled else "eager"
     return {"check": f"speed: {arch}, {precision}, {mode}, {max_tokens} tokens per micro-batch, vocabulary {vocab:,}",
