@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -119,6 +120,7 @@ def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Pa
     with open(base / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # what a build that failed in another process left
             build(folder)
             done.touch()
     return folder
