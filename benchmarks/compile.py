@@ -4,8 +4,8 @@ target tokens/s per preset, and the training curve of one real run each way (sam
 Speed: synthetic WMT-like batches of 4,096 target tokens (`gpu_check.synthetic_batches`), a 7,997-symbol
 vocabulary (unaligned, as BPE gives), bf16 autocast where the CPU multiplies it, else fp32; the first update
 (compilation) is timed apart, then 2 warm-up and N timed updates. The curve: `nmt train` on DATA (a folder of
-`nmt prepare`) for --updates updates, eager and compiled, dropout as the preset says (the compiled kernels draw
-their own random numbers, so the curves agree within noise, not bit for bit).
+`nmt prepare`) for --curve-updates updates of 4,096 tokens, eager and compiled, dropout as the preset says
+(the compiled kernels draw their own random numbers, so the curves agree within noise, not bit for bit).
 
     python benchmarks/compile.py [--archs tiny,small] [--updates 10] [--data DATA_DIR --curve-updates 1000]
 """
