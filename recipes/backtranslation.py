@@ -35,10 +35,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from nmt_cli.errors import NmtError  # noqa: E402
+from nmt_cli.languages import is_unspaced  # noqa: E402
 from nmt_cli.score import score  # noqa: E402
 from nmt_cli.textio import atomic_path, read_lines  # noqa: E402
 
 TAG = "<BT>"
+# Longer monolingual lines are left out before back-translation: `nmt prepare`'s default --max-len is 250 tokens,
+# so such a pair would be dropped from training anyway, after the cost of translating it.
+MAX_MONO_WORDS = 250
 ROWS = ("parallel", "beam BT", "sampled BT", "tagged BT", "all real")
 
 
@@ -60,6 +64,27 @@ def raw_file(raw: Path, name: str) -> Path:
     return raw / name if (raw / name).exists() else raw / f"{name}.gz"
 
 
+def usable_monolingual(indices: list[int], lines: list[str], lang: str, name: Path) -> list[int]:
+    """The `indices` of `lines` (of the file `name`) worth back-translating: empty lines and lines of more than
+    MAX_MONO_WORDS words (characters in a language written without spaces) are left out, with their counts on
+    stderr; NmtError when none is left."""
+    def length(line: str) -> int:
+        return len("".join(line.split())) if is_unspaced(lang) else len(line.split())
+
+    empty = [i for i in indices if not lines[i].strip()]
+    long = [i for i in indices if lines[i].strip() and length(lines[i]) > MAX_MONO_WORDS]
+    if empty or long:
+        unit = "characters" if is_unspaced(lang) else "words"
+        print(f"{Path(sys.argv[0]).stem}: {name}: left {len(empty):,} empty and {len(long):,} over-long (more than "
+              f"{MAX_MONO_WORDS} {unit}) lines out of the monolingual half's {len(indices):,} (first at line "
+              f"{min(empty + long) + 1})", file=sys.stderr, flush=True)
+    dropped = set(empty + long)
+    kept = [i for i in indices if i not in dropped]
+    if not kept:
+        raise NmtError(f"{name}: no line of the monolingual half is left to back-translate")
+    return kept
+
+
 def split(raw: Path, out: Path, src: str, tgt: str, seed: int) -> None:
     """The parallel half (both sides) and the monolingual half (the target side; its real sources are kept
     apart for the ceiling row only)."""
@@ -71,7 +96,8 @@ def split(raw: Path, out: Path, src: str, tgt: str, seed: int) -> None:
     order = list(range(len(sources)))
     random.Random(seed).shuffle(order)
     half = len(order) // 2
-    parallel, mono = sorted(order[:half]), sorted(order[half:])
+    parallel = sorted(order[:half])
+    mono = usable_monolingual(sorted(order[half:]), targets, tgt, raw_file(raw, f"train.{tgt}"))
     write_lines(out / f"parallel.{src}", [sources[i] for i in parallel])
     write_lines(out / f"parallel.{tgt}", [targets[i] for i in parallel])
     write_lines(out / f"mono_real.{src}", [sources[i] for i in mono])

@@ -29,6 +29,34 @@ from backtranslation import evaluate, model, raw_file, run, translate, write_lin
 from nmt_cli.errors import NmtError  # noqa: E402
 from nmt_cli.textio import atomic_path, read_lines  # noqa: E402
 
+# A teacher whose vocabulary leaves more of the data's pieces unknown than this was trained on other data.
+MAX_UNKNOWN_SHARE = 0.05
+
+
+def check_teacher(teacher: Path, src: str, tgt: str, sources: list[str], targets: list[str],
+                  sample: int = 1000) -> None:
+    """One-line NmtError for a teacher of another language pair, or whose vocabulary does not cover the data:
+    more than MAX_UNKNOWN_SHARE of the pieces of the first `sample` training pairs (either side, as the
+    teacher's own tokenizer segments them) unknown to it, or (SentencePiece) spelled in byte pieces."""
+    from nmt_cli.checkpoint import load_checkpoint, require_keys
+    from nmt_cli.segment import segmenter_of
+    from nmt_cli.vocab import Vocabulary
+
+    state = require_keys(load_checkpoint(teacher), teacher)
+    pair = (state["source_lang"], state["target_lang"])
+    if pair != (src, tgt):
+        raise NmtError(f"{teacher}: the teacher translates {pair[0]}->{pair[1]}, the data is {src}->{tgt} "
+                       "(give TEACHER= a model of this pair, or SRC= and TGT=)")
+    segmenter, vocab = segmenter_of(state, teacher), Vocabulary(state["vocab"])
+    for side, lang, lines in (("source", src, sources), ("target", tgt, targets)):
+        pieces = [p for line in lines[:sample] for p in segmenter.segment(line, lang).split()]
+        unknown = sum(p not in vocab.index or (p.startswith("<0x") and p.endswith(">")) for p in pieces)
+        if pieces and unknown / len(pieces) > MAX_UNKNOWN_SHARE:
+            raise NmtError(f"{teacher}: its vocabulary does not cover the training {side}s ({lang}): "
+                           f"{unknown / len(pieces):.0%} of their pieces unknown on the first "
+                           f"{min(sample, len(lines)):,} lines (at most {MAX_UNKNOWN_SHARE:.0%}); a teacher "
+                           "trained on other data?")
+
 
 def speeds(model_path: Path, folder: Path, sources: list[str], nmt: list[str]) -> dict:
     """Parameters, and test sentences/s through nmt (bf16 where the CPU has it) and CTranslate2 int8; kept in
@@ -98,6 +126,7 @@ def main() -> None:
         if not args.teacher.is_file():
             raise NmtError(f"{args.teacher}: no such teacher model (run `make multi30k`, or give TEACHER=)")
         raw_train = raw_file(args.raw, f"train.{src}")
+        check_teacher(args.teacher, src, tgt, read_lines(raw_train), read_lines(raw_file(args.raw, f"train.{tgt}")))
         corpora = args.out / "corpora"
         if not (corpora / f"distilled.{src}").exists():
             write_lines(corpora / f"sources.{src}", read_lines(raw_train))

@@ -270,3 +270,86 @@ def test_translate_options_are_checked_before_anything_is_printed(toy_model, tmp
     expect_error(run_cli("translate", "-m", toy_model, "-i", src, "-o", out, "--max-len-a", "1e6"),
                  "--max-len-a must be at most 100")
     assert not out.exists()
+
+
+def _recipe(name: str):
+    """A recipe script of recipes/ as a module."""
+    import importlib
+    import sys
+
+    from .conftest import REPO
+
+    if str(REPO / "recipes") not in sys.path:
+        sys.path.insert(0, str(REPO / "recipes"))
+    return importlib.import_module(name)
+
+
+def test_backtranslation_leaves_empty_and_over_long_monolingual_lines_out_and_counts_them(tmp_path, capsys):
+    """The monolingual half is filtered before back-translation, with one line on stderr giving the counts; the
+    real sources set apart for the ceiling row stay paired with what is kept."""
+    bt = _recipe("backtranslation")
+    limit = bt.MAX_MONO_WORDS
+    en = [f"source {i} ." for i in range(60)]
+    de = [f"ziel {i} ." for i in range(60)]
+    for i in range(0, 60, 7):
+        de[i] = "  "
+    for i in range(3, 60, 11):
+        de[i] = " ".join(["wort"] * limit + [str(i)])  # one word over
+    de[5] = " ".join(["wort"] * (limit - 1) + ["5"])  # at the limit: kept
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for lang, lines in (("en", en), ("de", de)):
+        (raw / f"train.{lang}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    bt.split(raw, tmp_path / "corpora", "en", "de", seed=1)
+    corpora = tmp_path / "corpora"
+
+    def lines(name: str) -> list[str]:
+        return (corpora / name).read_text(encoding="utf-8").splitlines()
+
+    parallel = {int(line.split()[1]) for line in lines("parallel.en")}
+    half = sorted(set(range(60)) - parallel)
+    empty = [i for i in half if not de[i].strip()]
+    long = [i for i in half if len(de[i].split()) > limit]
+    assert empty and long and 5 in half + sorted(parallel)
+    assert [int(s.split()[1]) for s in lines("mono_real.en")] == [i for i in half if i not in empty + long]
+    assert lines("mono.de") == [de[i] for i in half if i not in empty + long]
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.endswith(
+        f"{raw / 'train.de'}: left {len(empty)} empty and {len(long)} over-long (more than {limit} words) lines out "
+        f"of the monolingual half's {len(half)} (first at line {min(empty + long) + 1})"), err
+    # a language written without spaces counts characters; nothing left is an error naming the file
+    assert bt.usable_monolingual([0, 1], ["字" * (limit + 1), "字" * limit], "zh", raw / "mono.zh") == [1]
+    with pytest.raises(bt.NmtError, match="mono.zh: no line of the monolingual half is left"):
+        bt.usable_monolingual([0], [""], "zh", raw / "mono.zh")
+
+
+def test_distillation_refuses_a_teacher_of_another_pair_or_other_data(toy_model, tmp_path, monkeypatch, capsys):
+    """A teacher of another language pair, or whose vocabulary leaves much of the training text unknown, is
+    refused in one line with exit code 2 before it translates anything; a matching one passes the check."""
+    import gzip
+    import sys
+
+    from .conftest import shared_data
+
+    distill = _recipe("distillation")
+    toy = tmp_path / "toy"
+    write_task(toy / "train", 200, seed=5)
+    sources, targets = ((toy / f"train.{lang}").read_text().splitlines() for lang in ("en", "de"))
+    distill.check_teacher(toy_model, "en", "de", sources, targets)  # the toy model's own kind of text
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for lang in ("en", "de"):
+        with gzip.open(shared_data("multi30k") / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
+            (raw / f"train.{lang}").write_text("".join(next(f) for _ in range(50)), encoding="utf-8")
+    for pair, fragment in ((("de", "en"), "the teacher translates en->de, the data is de->en"),
+                           (("en", "de"), "its vocabulary does not cover the training sources (en)")):
+        out = tmp_path / f"out-{pair[0]}"
+        monkeypatch.setattr(sys, "argv", ["distillation.py", "--raw", str(raw), "--teacher", str(toy_model),
+                                          "--out", str(out), "--src", pair[0], "--tgt", pair[1], "--max-updates",
+                                          "1"])
+        with pytest.raises(SystemExit) as stop:
+            distill.main()
+        assert stop.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and fragment in err and str(toy_model) in err, err
+        assert not (out / "corpora").exists()
