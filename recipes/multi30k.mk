@@ -105,7 +105,10 @@ multi30k-variations: $(EXP)/data/meta.json
 # only, + beam BT, + sampled BT, + tagged sampled BT, all real pairs), BT_MINUTES of training each (6 models:
 # about 75 minutes on 2 cores at the default), chosen on val, scored on test; EXP/bt/ holds the table and plot.
 # 10 minutes are a few hundred to ~1,200 updates on 2 cores: the main recipe's warmup of 1000 would not end.
-BT_MINUTES ?= 10
+# TRAIN_MINUTES given on the command line (or in the environment) sets every model's minutes, as it sets the main
+# recipe's; its file default of 60 does not.
+GIVEN_MINUTES = $(if $(filter-out file default,$(origin TRAIN_MINUTES)),$(TRAIN_MINUTES))
+BT_MINUTES ?= $(or $(GIVEN_MINUTES),10)
 BT_WARMUP  ?= 400
 .PHONY: multi30k-bt
 multi30k-bt: $(M30K_RAW)/.done
@@ -121,7 +124,7 @@ multi30k-bt: $(M30K_RAW)/.done
 # sentences/s through nmt and CTranslate2 int8 for all three.
 TEACHER         ?= $(EXP)/model.pt
 STUDENT         ?= tiny
-DISTILL_MINUTES ?= 10
+DISTILL_MINUTES ?= $(or $(GIVEN_MINUTES),10)
 DISTILL_WARMUP  ?= 400
 .PHONY: multi30k-distill
 multi30k-distill: $(TEACHER) $(M30K_RAW)/.done

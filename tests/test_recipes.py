@@ -402,10 +402,12 @@ def test_multi30k_backtranslation_recipe_at_smoke_size(tmp_path, warm_nmt):
     data = shared_data("multi30k")
     exp = tmp_path / "m30k"
     command = ["make", "-o", ".venv/.installed", "multi30k-bt", f"DATA={data}", f"EXP={exp}", "ARCH=tiny",
-               "LINES=12", "BT_MINUTES=0", "MAX_UPDATES=2", "BPE_MERGES=200", "PRECISION=fp32", f"NMT={warm_nmt}"]
+               "LINES=12", "TRAIN_MINUTES=0", "MAX_UPDATES=2", "BPE_MERGES=200", "PRECISION=fp32", f"NMT={warm_nmt}"]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    # TRAIN_MINUTES sets every model's minutes, as for `make multi30k`: 0, no time limit
+    assert result.stdout.count("--max-time 0.0") == 6 and "--max-time 10" not in result.stdout
     bt, corpora = exp / "bt", exp / "bt" / "corpora"
 
     def lines(path: Path) -> list[str]:
@@ -437,11 +439,12 @@ def test_multi30k_distillation_recipe_at_smoke_size(tmp_path, warm_nmt):
     data = shared_data("multi30k")
     exp = tmp_path / "m30k"
     command = ["make", "-o", ".venv/.installed", "multi30k-distill", f"DATA={data}", f"EXP={exp}", "ARCH=tiny",
-               "LINES=12", "TRAIN_MINUTES=0", "DISTILL_MINUTES=0", "MAX_UPDATES=2", "BPE_MERGES=200",
+               "LINES=12", "TRAIN_MINUTES=0", "MAX_UPDATES=2", "BPE_MERGES=200",
                "PRECISION=fp32", "AVERAGE_WINDOWS=1", "LENPENS=0.6", f"NMT={warm_nmt}"]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert result.stdout.count("--max-time 0.0") == 2 and "--max-time 10" not in result.stdout  # TRAIN_MINUTES
     distill = exp / "distill"
     sources = (distill / "corpora" / "distilled.en").read_text(encoding="utf-8").splitlines()
     assert sources == gzip.open(data / "train.en.gz", "rt", encoding="utf-8").read().splitlines()[:12]
