@@ -10,8 +10,11 @@ NMT    ?= nmt
 install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/pip || $(PYTHON) -m venv $(VENV)   # pip too: a venv cut short by Ctrl-C is made again
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install torch==2.13.0
-	$(BIN)/pip install -e ".[dev]"
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --no-compile torch==2.13.0
+	$(BIN)/pip install --no-compile -e ".[dev]"
+	@# pip byte-compiles one file at a time (a minute of a 2-core install); this uses every core. Files written
+	@# for a newer Python fail here as they do under pip, hence the `|| true`.
+	$(BIN)/python -m compileall -qq -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true
 	@touch $@
 
 # Two test processes of one thread each (tests/conftest.py sets that): one process leaves a core idle through
