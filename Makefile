@@ -48,7 +48,7 @@ bench-save: install    # updates per minute with checkpoints written on the trai
 
 DEVICE ?= cuda
 gpu-check: install     # does training work on this GPU, and how fast: one PASS/FAIL table in < 8 minutes, no download
-	$(BIN)/python -m nmt_cli.gpu_check --device $(DEVICE)   # DEVICE=cpu: the same checks at tiny sizes
+	$(BIN)/python -m nmt_cli.training.gpu_check --device $(DEVICE)   # DEVICE=cpu: the same checks at tiny sizes
 
 include recipes/multi30k.mk
 include recipes/wmt14.mk

@@ -32,7 +32,7 @@ def main() -> list[list]:
     parser.add_argument("--model", default=str(REPO / "exp" / "multi30k" / "model.pt"))
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "multi30k")
     args = parser.parse_args()
-    from nmt_cli.translate import Translator
+    from nmt_cli.decode.translate import Translator
 
     gold = json.loads(GOLD.read_text(encoding="utf-8"))["pairs"]
     en = gzip.open(args.data / "val.en.gz", "rt", encoding="utf-8").read().splitlines()

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from common import machine, print_table
 
-from nmt_cli.data import DataDir, make_batches
-from nmt_cli.model import explicit_attention
+from nmt_cli.data.binarized import DataDir, make_batches
+from nmt_cli.model.transformer import explicit_attention
 
 COLUMNS = ["attention", "kernel", "mask", "fwd+bwd (ms per batch)", "vs no mask"]
 

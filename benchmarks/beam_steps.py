@@ -63,7 +63,7 @@ def main() -> list[list]:
         sys.exit(f"benchmark: {args.model} not found; run `make multi30k` first or pass --model")
     import torch
 
-    from nmt_cli.translate import Translator
+    from nmt_cli.decode.translate import Translator
 
     sources = flickr_test_sources()
     translator = Translator.from_checkpoint(args.model, device="cpu")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from common import machine, print_table
 
-from nmt_cli.model import Transformer, make_config
+from nmt_cli.model.transformer import Transformer, make_config
 
 
 def run(data: Path, save: Path, args, precision: str) -> list[dict]:

@@ -22,12 +22,12 @@ from pathlib import Path
 import torch
 from common import machine, print_table
 
-from nmt_cli import distributed as D
-from nmt_cli.gpu_check import synthetic_batches
 from nmt_cli.hardware import cpu_has_bf16
-from nmt_cli.model import Transformer, make_config
-from nmt_cli.train_options import TrainOptions
-from nmt_cli.update import TranslationLoss, train_step
+from nmt_cli.model.transformer import Transformer, make_config
+from nmt_cli.training import distributed as D
+from nmt_cli.training.gpu_check import synthetic_batches
+from nmt_cli.training.options import TrainOptions
+from nmt_cli.training.update import TranslationLoss, train_step
 
 VOCAB = 7_997
 
@@ -60,7 +60,7 @@ def speed(arch: str, compiled: bool, updates: int, precision: str) -> tuple[floa
 
 def curve(data: Path, arch: str, updates: int, compiled: bool, precision: str, work: Path) -> list[dict]:
     """The train and valid records of one `nmt train` run."""
-    from nmt_cli.train import train
+    from nmt_cli.training.trainer import train
 
     save = work / ("compiled" if compiled else "eager")
     shutil.rmtree(save, ignore_errors=True)

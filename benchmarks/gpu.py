@@ -4,7 +4,7 @@
     python benchmarks/gpu.py --estimate          # no GPU needed: time to train base/big from the FLOPs formula
 
 On a machine with CUDA it relaunches itself under torchrun across all visible GPUs (NCCL) and runs the
-real training step (`nmt_cli.train.train_step`: DDP, autocast, fused loss, gradient accumulation) on
+real training step (`nmt_cli.training.trainer.train_step`: DDP, autocast, fused loss, gradient accumulation) on
 synthetic batches at the WMT14 recipe's budget: --max-tokens 4096 per GPU and --update-freq 8 / GPUs,
 with WMT-like sentence lengths and a 37k vocabulary. Warm-up updates are not timed.
 
@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nmt_cli.gpu_check import (  # noqa: E402  (the FLOPs formula and batches gpu-check times too)
+from nmt_cli.training.gpu_check import (  # noqa: E402  (the FLOPs formula and batches gpu-check times too)
     PEAK_TFLOPS,
     VOCAB,
     flops_per_target_token,
@@ -57,11 +57,12 @@ def worker(archs: list[str], precisions: list[str], updates: int, warmup: int) -
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from nmt_cli import distributed as D
-    from nmt_cli.model import Transformer, make_config
-    from nmt_cli.train import TrainOptions, TranslationLoss, train_step
+    from nmt_cli.hardware import resolve_device
+    from nmt_cli.model.transformer import Transformer, make_config
+    from nmt_cli.training import distributed as D
+    from nmt_cli.training.trainer import TrainOptions, TranslationLoss, train_step
 
-    device = D.resolve_device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    device = resolve_device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     ctx = D.init_distributed(device)
     world = ctx.world_size
     update_freq = max(1, (8 + world - 1) // world)

@@ -30,9 +30,9 @@ def main() -> list[list]:
     import torch
     import transformers
 
-    from nmt_cli.hf import export_transformers
+    from nmt_cli.decode.translate import Translator
+    from nmt_cli.export.hf import export_transformers
     from nmt_cli.textio import read_lines
-    from nmt_cli.translate import Translator
 
     sources, refs = read_lines(args.src)[: args.lines], read_lines(args.ref)[: args.lines]
     nmt = Translator.from_checkpoint(args.model)

@@ -27,11 +27,11 @@ import torch
 from common import machine, print_table
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nmt_cli import distributed as D
-from nmt_cli.gpu_check import VOCAB, synthetic_batches
-from nmt_cli.model import Transformer, make_config
-from nmt_cli.train_options import TrainOptions
-from nmt_cli.update import TranslationLoss, train_step
+from nmt_cli.model.transformer import Transformer, make_config
+from nmt_cli.training import distributed as D
+from nmt_cli.training.gpu_check import VOCAB, synthetic_batches
+from nmt_cli.training.options import TrainOptions
+from nmt_cli.training.update import TranslationLoss, train_step
 
 MATMUL = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_dot_product_flash_attention_for_cpu",
           "_scaled_dot_product_flash_attention_for_cpu_backward", "_scaled_dot_product_efficient_attention",
@@ -170,11 +170,11 @@ def main() -> None:
         "bf16 matmul + softmax + matmul, and the fused loss in chunks of 4,096 rows instead of 256"))
     args = parser.parse_args()
     if args.cuda_path:
-        import nmt_cli.model
-        import nmt_cli.ops
+        import nmt_cli.model.ops
+        import nmt_cli.model.transformer
 
-        nmt_cli.model._fp32_attention_on_cpu = lambda x: False
-        nmt_cli.ops.LOSS_CHUNK_ROWS["cpu"] = nmt_cli.ops.LOSS_CHUNK_ROWS["cuda"]
+        nmt_cli.model.transformer._fp32_attention_on_cpu = lambda x: False
+        nmt_cli.model.ops.LOSS_CHUNK_ROWS["cpu"] = nmt_cli.model.ops.LOSS_CHUNK_ROWS["cuda"]
     torch.manual_seed(1)
     model = Transformer(make_config(args.arch, VOCAB))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)

@@ -57,7 +57,7 @@ def main() -> list[list]:
 
         # The same tokenized text through subword-nmt's own CLI (one process, as people run it).
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        from nmt_cli.text import tokenize
+        from nmt_cli.text.moses import tokenize
         from nmt_cli.textio import read_lines
 
         tokenized = Path(tmp) / "all.tok"
@@ -75,7 +75,7 @@ def main() -> list[list]:
                            check=True)
         apply_s = time.perf_counter() - start
 
-        from nmt_cli.data import DataDir
+        from nmt_cli.data.binarized import DataDir
 
         english = read_lines(data / "train.en.gz" if (data / "train.en.gz").exists() else data / "train.en")
         moses_rate = segment_rate(DataDir.open(out).segmenter(), english, "en")

@@ -35,14 +35,14 @@ def main() -> None:
     parser.add_argument("--by-shape", action="store_true", help="also list the ops by input shapes")
     args = parser.parse_args()
 
-    from nmt_cli import use_huge_pages_for_tensors
+    from nmt_cli.torch_env import use_huge_pages_for_tensors
 
     use_huge_pages_for_tensors()  # as `nmt train` does, before torch is imported
     from torch.profiler import ProfilerActivity, profile
 
-    from nmt_cli.data import collate, shuffled
-    from nmt_cli.train import Trainer, TrainOptions
-    from nmt_cli.update import train_step
+    from nmt_cli.data.binarized import collate, shuffled
+    from nmt_cli.training.trainer import Trainer, TrainOptions
+    from nmt_cli.training.update import train_step
 
     with tempfile.TemporaryDirectory() as tmp:
         opts = TrainOptions(data=args.data, save_dir=Path(tmp), arch=args.arch, precision=args.precision,

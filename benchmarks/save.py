@@ -35,7 +35,7 @@ def record():
     open(out, "w").write(fields["wchar"])
 atexit.register(record)
 sys.argv = ["nmt", *sys.argv[2:]]
-from nmt_cli.cli import main
+from nmt_cli.cli.main import main
 main()
 """
 

@@ -37,7 +37,7 @@ def _rss_mb() -> float:
 
 def prepare_worker(work: str, merges: int, tokenizer: str = "moses") -> None:
     """Child process: nmt prepare with the recipe's settings; one JSON line per stage on stdout."""
-    from nmt_cli.prepare import PrepareOptions, prepare
+    from nmt_cli.data.prepare import PrepareOptions, prepare
 
     w = Path(work)
     opts = PrepareOptions("en", "de", str(w / "train"), str(w / "valid"), w / "data", test=[str(w / "test")],
@@ -48,8 +48,8 @@ def prepare_worker(work: str, merges: int, tokenizer: str = "moses") -> None:
 
 def train_worker(data: str, save: str) -> None:
     """Child process: open the data dir, build the batches (measuring the index), train to the first update."""
-    from nmt_cli.data import DataDir, make_batches
-    from nmt_cli.train import TrainOptions, train
+    from nmt_cli.data.binarized import DataDir, make_batches
+    from nmt_cli.training.trainer import TrainOptions, train
 
     before = _rss_mb()
     d = DataDir.open(data)

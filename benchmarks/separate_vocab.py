@@ -26,8 +26,8 @@ from common import REPO, machine, print_table
 
 sys.path.insert(0, str(REPO))
 
-from nmt_cli.prepare import PrepareOptions, binarize_segmented  # noqa: E402
-from nmt_cli.segment import Segmenter, SentencePiece, train_sentencepiece  # noqa: E402
+from nmt_cli.data.prepare import PrepareOptions, binarize_segmented  # noqa: E402
+from nmt_cli.text.segment import Segmenter, SentencePiece, train_sentencepiece  # noqa: E402
 
 RECIPE_TRAIN_FLAGS = ["--arch", "small", "--precision", "bf16", "--max-tokens", "4096", "--lr-scale", "0.5",
                       "--warmup", "1000", "--cooldown", "0.3", "--attention-dropout", "0.1",
@@ -87,13 +87,13 @@ def train(work: Path, minutes: float) -> None:
 
 def choose_and_score(raw: Path, src: str, tgt: str, work: Path, segmenter: Segmenter) -> dict:
     """The recipe's choice on valid, then test BLEU/chrF of the chosen model, through `segmenter`."""
-    import nmt_cli.translate as translate_module
+    import nmt_cli.decode.translate as translate_module
 
     translate_module.segmenter_of = lambda state, path: segmenter  # the checkpoint records no SentencePiece model
     sys.path.insert(0, str(REPO / "recipes"))
     from select_on_val import select
 
-    from nmt_cli.score import score
+    from nmt_cli.decode.score import score
 
     record = select(work / "ckpt", raw / f"valid.{src}", raw / f"valid.{tgt}", [3, 5, 8, 10], [0.6, 1.0, 1.4], 4,
                     work / "model.pt", work / "selection.json")

@@ -104,7 +104,7 @@ def main() -> list[list]:
         if args.json:
             args.json.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
         return []
-    from nmt_cli.engines import load_translator
+    from nmt_cli.export.engines import load_translator
 
     sentences = flickr_test_sources()[: args.sentences]
     rounds = max(1, args.rounds)

@@ -88,7 +88,7 @@ def disconnect_mid_body(port: int) -> None:
 def soak(model: str, minutes: float, precision: str = "fp32", engine: str = "auto") -> dict:
     """Run the soak against `nmt serve --precision PRECISION --engine ENGINE`; return its record (also printed as
     a table). Good answers are checked against the same translator's in this process."""
-    from nmt_cli.engines import load_translator
+    from nmt_cli.export.engines import load_translator
 
     sentences = flickr_test_sources()
     rng = random.Random(1)

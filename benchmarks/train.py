@@ -35,10 +35,10 @@ def worker(data_dir: str, arch: str, precision: str, save_dir: str, dropouts: st
     Every update is logged, and tokens/s is the timed updates' target tokens over their wall-clock time
     (each log record covers exactly one update; the last validation and save come after them).
     """
-    from nmt_cli import use_huge_pages_for_tensors
+    from nmt_cli.torch_env import use_huge_pages_for_tensors
 
     use_huge_pages_for_tensors()  # as `nmt train` does, before torch is imported
-    from nmt_cli.train import TrainOptions, train
+    from nmt_cli.training.trainer import TrainOptions, train
 
     warm, timed = UPDATES[arch]
     attention_dropout, activation_dropout = (float(p) for p in dropouts.split(","))

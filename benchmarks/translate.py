@@ -55,7 +55,7 @@ def main() -> list[list]:
         return []
     import torch
 
-    from nmt_cli.translate import Translator
+    from nmt_cli.decode.translate import Translator
 
     sources = flickr_test_sources()
     if args.options_only:
@@ -106,9 +106,9 @@ def decoding_options(args) -> list[list]:
     import sacrebleu
     from common import require_multi30k
 
-    from nmt_cli.sampling import Sampling
+    from nmt_cli.decode.sampling import Sampling
+    from nmt_cli.decode.translate import Translator
     from nmt_cli.textio import read_lines
-    from nmt_cli.translate import Translator
 
     sources = flickr_test_sources()
     data = require_multi30k()
@@ -125,7 +125,7 @@ def decoding_options(args) -> list[list]:
     }
     engines = [("nmt fp32", Translator.from_checkpoint(args.model, device="cpu"))]
     if args.exported:
-        from nmt_cli.ct2 import CTranslate2Translator
+        from nmt_cli.export.ct2 import CTranslate2Translator
 
         engines.append(("ctranslate2", CTranslate2Translator.from_dir(args.exported)))
     rows = []
@@ -159,12 +159,12 @@ def engine_rows(args) -> list[list]:
     sources = flickr_test_sources()
     kind, workers = args.engine_rows.split(":")
     if kind == "exported":
-        from nmt_cli.ct2 import CTranslate2Translator
+        from nmt_cli.export.ct2 import CTranslate2Translator
 
         translator = CTranslate2Translator.from_dir(args.exported, workers=int(workers))
         label = "ctranslate2 " + json.loads((Path(args.exported) / "nmt.json").read_text())["quantization"]
     else:
-        from nmt_cli.translate import Translator
+        from nmt_cli.decode.translate import Translator
 
         translator = Translator.from_checkpoint(args.model, device="cpu", precision=kind, workers=int(workers))
         label = kind

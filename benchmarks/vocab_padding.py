@@ -13,7 +13,7 @@ import time
 import torch
 from common import machine, print_table
 
-from nmt_cli.ops import linear_cross_entropy, linear_log_softmax, loss_chunk_rows
+from nmt_cli.model.ops import linear_cross_entropy, linear_log_softmax, loss_chunk_rows
 
 COLUMNS = ["embedding rows", "loss fwd+bwd (ms)", "decoding step, 256 rows (ms)"]
 

@@ -1,31 +1,41 @@
-"""nmt: the Transformer of "Attention Is All You Need", end to end from the command line."""
+"""nmt: the Transformer of "Attention Is All You Need", end to end from the command line.
 
-import os
-import sys
+The Python API's names (docs/python-api.md) are importable from here, each loaded on first use so that
+`import nmt_cli` stays free of torch: `from nmt_cli import Translator`."""
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-# oneDNN (bf16 matmuls on CPU) compiles and caches one kernel per matrix shape, 1024 by default, and reads
-# the cache size once, at its first kernel, so the first workload in a process decides it.
-TRAINING_KERNEL_CACHE = 128  # variable (batch x length) shapes: 256 held ~190 MB more at the same speed
-DECODING_KERNEL_CACHE = 4096  # beam search's shrinking row counts cycle through ~500 shapes; 256 thrashes (-15%)
-# A server meets many more (batch x length x beam) shapes than a file, so it keeps fewer, for bfloat16 (its
-# float32 products do not use oneDNN: ops.serving_products); docs/benchmarks.md, "Serving soak".
-SERVING_KERNEL_CACHE = 1024
+# name -> the module that defines it
+API = {
+    "Translator": "nmt_cli.decode.translate",
+    "load_translator": "nmt_cli.export.engines",
+    "attention_maps": "nmt_cli.model.attention",
+    "plot_attention": "nmt_cli.model.attention",
+    "PrepareOptions": "nmt_cli.data.prepare",
+    "prepare": "nmt_cli.data.prepare",
+    "TrainOptions": "nmt_cli.training.options",
+    "train": "nmt_cli.training.trainer",
+    "average_checkpoints": "nmt_cli.model.checkpoint",
+    "score": "nmt_cli.decode.score",
+    "export_ctranslate2": "nmt_cli.export.ct2",
+    "export_transformers": "nmt_cli.export.hf",
+    "create_app": "nmt_cli.serve.app",
+    "translator_thread": "nmt_cli.serve.batching",
+}
+__all__ = ["__version__", *API]
 
 
-def size_kernel_cache(capacity: int) -> None:
-    """Ask oneDNN to cache `capacity` kernels, unless the user set ONEDNN_PRIMITIVE_CACHE_CAPACITY."""
-    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(capacity))
+def __getattr__(name: str):
+    if name in API:
+        value = getattr(importlib.import_module(API[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'nmt_cli' has no attribute {name!r}")
 
 
-def use_huge_pages_for_tensors() -> bool:
-    """Ask PyTorch's CPU allocator to back tensors of 2 MB and more with transparent huge pages, for training.
-
-    A training update allocates and frees many large tensors; glibc hands freed ones back to the kernel and each
-    new one is faulted in again, 4 KB at a time (docs/benchmarks.md, "Training speed"). PyTorch reads
-    THP_MEM_ALLOC_ENABLE once, at its first allocation, so this must run before torch is imported; returns
-    whether huge pages are on (a user's own THP_MEM_ALLOC_ENABLE wins)."""
-    if "torch" not in sys.modules:
-        os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
-    return os.environ.get("THP_MEM_ALLOC_ENABLE") == "1"
+def __dir__() -> list[str]:
+    return sorted({*globals(), *API})

@@ -1,3 +1,3 @@
-from .cli import main
+from nmt_cli.cli.main import main
 
 main()

@@ -6,6 +6,10 @@ import os
 import platform
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 @lru_cache(maxsize=1)
@@ -47,3 +51,22 @@ def describe_machine() -> str:
     import torch
 
     return f"{cpu_kind()}: {cpu_flags()[0]}, {os.cpu_count()} cores, torch {torch.__version__}"
+
+
+def resolve_device(requested: str | None, local_rank: int = 0) -> torch.device:
+    """`cpu`, `cuda` (this process's GPU under torchrun) or None for CUDA when present; clear error without CUDA."""
+    import torch
+
+    from nmt_cli.errors import NmtError
+
+    if requested is None:
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cpu":
+        return torch.device("cpu")
+    if requested.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise NmtError("--device cuda asked for, but no CUDA device is available (use --device cpu)")
+        if requested == "cuda":
+            return torch.device("cuda", local_rank % torch.cuda.device_count())
+        return torch.device(requested)
+    raise NmtError(f"unknown --device {requested!r} (use cpu or cuda)")

@@ -15,8 +15,8 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from .errors import NmtError
-from .processes import alive, host_name
+from nmt_cli.errors import NmtError
+from nmt_cli.processes import alive, host_name
 
 
 def _open_binary(path: Path):

@@ -34,9 +34,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from nmt_cli.decode.score import score  # noqa: E402
 from nmt_cli.errors import NmtError  # noqa: E402
-from nmt_cli.languages import is_unspaced  # noqa: E402
-from nmt_cli.score import score  # noqa: E402
+from nmt_cli.text.languages import is_unspaced  # noqa: E402
 from nmt_cli.textio import atomic_path, read_lines  # noqa: E402
 
 TAG = "<BT>"
@@ -194,7 +194,7 @@ def plot(results: list[dict], out: Path) -> None:
 
 def training(folder: Path) -> dict:
     """The updates a row's model trained and the minutes it took, from its last checkpoint."""
-    from nmt_cli.checkpoint import load_checkpoint
+    from nmt_cli.model.checkpoint import load_checkpoint
 
     state = load_checkpoint(folder / "ckpt" / "checkpoint_last.pt")
     return {"updates": state["updates"], "train_minutes": round(state["progress"]["elapsed"] / 60, 1)}

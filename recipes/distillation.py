@@ -38,9 +38,9 @@ def check_teacher(teacher: Path, src: str, tgt: str, sources: list[str], targets
     """One-line NmtError for a teacher of another language pair, or whose vocabulary does not cover the data:
     more than MAX_UNKNOWN_SHARE of the pieces of the first `sample` training pairs (either side, as the
     teacher's own tokenizer segments them) unknown to it, or (SentencePiece) spelled in byte pieces."""
-    from nmt_cli.checkpoint import load_checkpoint, require_keys
-    from nmt_cli.segment import segmenter_of
-    from nmt_cli.vocab import Vocabulary
+    from nmt_cli.model.checkpoint import load_checkpoint, require_keys
+    from nmt_cli.text.segment import segmenter_of
+    from nmt_cli.text.vocab import Vocabulary
 
     state = require_keys(load_checkpoint(teacher), teacher)
     pair = (state["source_lang"], state["target_lang"])
@@ -71,9 +71,9 @@ def speeds(model_path: Path, folder: Path, sources: list[str], nmt: list[str]) -
         saved = json.loads(record.read_text(encoding="utf-8"))
         if all(saved.get(k) == v for k, v in measured.items()):
             return {k: v for k, v in saved.items() if k not in measured}
-    from nmt_cli.ct2 import CTranslate2Translator
-    from nmt_cli.model import count_parameters
-    from nmt_cli.translate import Translator
+    from nmt_cli.decode.translate import Translator
+    from nmt_cli.export.ct2 import CTranslate2Translator
+    from nmt_cli.model.transformer import count_parameters
 
     precision = "bf16" if cpu_has_bf16() else "fp32"
     translator = Translator.from_checkpoint(model_path, precision=precision)

@@ -18,7 +18,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from nmt_cli.checkpoint import (
+from nmt_cli.decode.score import score
+from nmt_cli.decode.translate import Translator
+from nmt_cli.errors import NmtError
+from nmt_cli.model.checkpoint import (
     average_checkpoints,
     load_checkpoint,
     model_only,
@@ -26,10 +29,7 @@ from nmt_cli.checkpoint import (
     save_checkpoint,
     with_decoding,
 )
-from nmt_cli.errors import NmtError
-from nmt_cli.score import score
 from nmt_cli.textio import atomic_path, read_lines
-from nmt_cli.translate import Translator
 
 
 def numbers(text: str, kind: type) -> list:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from nmt_cli.errors import NmtError  # noqa: E402
-from nmt_cli.model import PRESETS, ModelConfig  # noqa: E402
+from nmt_cli.model.transformer import PRESETS, ModelConfig  # noqa: E402
 from nmt_cli.textio import atomic_path  # noqa: E402
 
 ROW_GROUPS = ("base", "A", "B", "C", "D", "E")
@@ -102,9 +102,9 @@ def config_of(base: ModelConfig, row: Row) -> ModelConfig:
 
 def evaluate(row_dir: Path, data: Path, device: str) -> dict:
     """Dev perplexity (the last validation) and dev BLEU (beam 4, lenpen 0.6) of a row's last checkpoint."""
-    from nmt_cli.data import DataDir
-    from nmt_cli.score import score
-    from nmt_cli.translate import Translator
+    from nmt_cli.data.binarized import DataDir
+    from nmt_cli.decode.score import score
+    from nmt_cli.decode.translate import Translator
 
     records = [json.loads(line) for line in (row_dir / "train.jsonl").read_text(encoding="utf-8").splitlines()]
     valid = [r for r in records if r.get("event") == "valid"]
@@ -116,7 +116,7 @@ def evaluate(row_dir: Path, data: Path, device: str) -> dict:
     translator = Translator.from_checkpoint(row_dir / "checkpoint_last.pt", device=device, workers=0)
     hyps = translator.translate(sources, beam=4, lenpen=0.6)
     bleu = score(hyps, [refs], ("bleu",), lang=d.target_lang)[0]
-    from nmt_cli.model import count_parameters
+    from nmt_cli.model.transformer import count_parameters
 
     model = translator.ensemble.models[0]
     return {"valid_ppl": valid[-1]["valid_ppl"], "valid_bleu": bleu["score"], "bleu_signature": bleu["signature"],

@@ -25,10 +25,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 import pytest
 from typer.testing import CliRunner
 
-from nmt_cli.cli import app
+from nmt_cli.cli.main import app
 
 REPO = Path(__file__).resolve().parents[1]
-from nmt_cli.toy_task import write_word_mapping_task as write_task  # noqa: E402  (also `make gpu-check`'s)
+from nmt_cli.training.toy_task import write_word_mapping_task as write_task  # noqa: E402  (also `make gpu-check`'s)
 
 SHARED_DATA = REPO.parent / "shared" / "data"
 
@@ -127,7 +127,7 @@ def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Pa
 
 
 def _build_toy_data(root: Path) -> None:
-    from nmt_cli.prepare import PrepareOptions, prepare
+    from nmt_cli.data.prepare import PrepareOptions, prepare
 
     write_task(root / "raw" / "train", 1200, seed=1)
     write_task(root / "raw" / "valid", 60, seed=2)
@@ -151,7 +151,7 @@ def toy_model(tmp_path_factory, toy_data) -> Path:
     learning rate the last update decided the outcome (600 updates without it: 28 of 40 exact outputs on the
     Intel kind, 36+ on the AMD kind); with it, the valid perplexity reaches its floor (1/0.9 under label
     smoothing 0.1) on every seed tried (tests/README.md)."""
-    from nmt_cli.train import TrainOptions, train
+    from nmt_cli.training.trainer import TrainOptions, train
 
     def build(save: Path) -> None:
         train(TrainOptions(data=toy_data, save_dir=save, **TOY_TRAINING))
@@ -162,8 +162,8 @@ def toy_model(tmp_path_factory, toy_data) -> Path:
 def _build_multi30k_tiny(root: Path) -> None:
     import gzip
 
-    from nmt_cli.prepare import PrepareOptions, prepare
-    from nmt_cli.train import TrainOptions, train
+    from nmt_cli.data.prepare import PrepareOptions, prepare
+    from nmt_cli.training.trainer import TrainOptions, train
 
     src = shared_data("multi30k")
     root.mkdir(parents=True)

@@ -22,7 +22,7 @@ def cli_commands() -> dict[str, object]:
     """Every `nmt` subcommand by its path ('train', 'export ctranslate2') -> its click command."""
     import typer
 
-    from nmt_cli.cli import app
+    from nmt_cli.cli.main import app
 
     found: dict[str, object] = {}
 

@@ -21,7 +21,7 @@ READS = ("item", "tolist", "__float__", "__int__", "__bool__")
 
 
 def main() -> None:
-    from nmt_cli.train import Trainer, TrainOptions
+    from nmt_cli.training.trainer import Trainer, TrainOptions
 
     data, save = sys.argv[1], sys.argv[2]
     updates = int(sys.argv[3]) if len(sys.argv) > 3 else 6

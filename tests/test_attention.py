@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from nmt_cli.attention import (
+from nmt_cli.decode.translate import Translator
+from nmt_cli.model.attention import (
     MAX_PICTURE_TOKENS,
     attention_maps,
     check_picture_size,
@@ -16,8 +17,7 @@ from nmt_cli.attention import (
     record_attention,
     word_alignments,
 )
-from nmt_cli.segment import MosesBpe
-from nmt_cli.translate import Translator
+from nmt_cli.text.segment import MosesBpe
 
 from .conftest import expect_error, run_cli, threshold
 
@@ -148,7 +148,7 @@ def test_attention_pictures_and_raw_weights(toy_model, sentences, tmp_path):
 
 
 def test_serve_gives_the_alignments_translate_gives(toy_model, translator, sentences, tmp_path):
-    from nmt_cli.serve_batching import ServeLimits
+    from nmt_cli.serve.batching import ServeLimits
 
     from .conftest import require_extra
 

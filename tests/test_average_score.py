@@ -9,15 +9,15 @@ import sys
 import pytest
 import torch
 
-from nmt_cli.checkpoint import load_checkpoint, model_from_checkpoint, model_only, save_checkpoint
-from nmt_cli.translate import Translator
+from nmt_cli.decode.translate import Translator
+from nmt_cli.model.checkpoint import load_checkpoint, model_from_checkpoint, model_only, save_checkpoint
 
 from .conftest import expect_error, run_cli
 
 
 @pytest.fixture(scope="module")
 def two_checkpoints(toy_data, tmp_path_factory):
-    from nmt_cli.train import TrainOptions, train
+    from nmt_cli.training.trainer import TrainOptions, train
 
     save = tmp_path_factory.mktemp("avg")
     train(TrainOptions(data=toy_data, save_dir=save, arch="tiny", max_tokens=512, max_updates=6, warmup=10,
@@ -108,8 +108,8 @@ def test_score_equals_sacrebleu_cli(tmp_path):
 
 
 def test_tokenized_compound_split_bleu(tmp_path):
-    from nmt_cli.score import score
-    from nmt_cli.text import split_compounds
+    from nmt_cli.decode.score import score
+    from nmt_cli.text.moses import split_compounds
 
     assert split_compounds("a well-known x-y-z") == "a well ##AT##-##AT## known x ##AT##-##AT## y-z"
     results = {r["metric"]: r for r in score(HYPS, [REFS], ["bleu"], tokenized_bleu_lang="en")}

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from nmt_cli.checkpoint import load_checkpoint, save_checkpoint
+from nmt_cli.model.checkpoint import load_checkpoint, save_checkpoint
 
 from .conftest import expect_error, run_cli, write_task
 

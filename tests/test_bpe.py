@@ -11,8 +11,8 @@ from collections import Counter
 import pytest
 from subword_nmt.learn_bpe import learn_bpe as subword_nmt_learn_bpe
 
-from nmt_cli.bpe import learn_bpe_codes
-from nmt_cli.text import tokenize
+from nmt_cli.text.bpe import learn_bpe_codes
+from nmt_cli.text.moses import tokenize
 
 from .conftest import shared_data
 

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from nmt_cli.commandline import PIPELINE_ORDER, expand_aliases
+from nmt_cli.cli.commandline import PIPELINE_ORDER, expand_aliases
 
 from .conftest import run_cli
 from .docs_reference import cli_commands

@@ -13,11 +13,11 @@ from collections import Counter
 import pytest
 import torch
 
-from nmt_cli.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
-from nmt_cli.model import Transformer
-from nmt_cli.sampling import Sampling
-from nmt_cli.search import sample_search
-from nmt_cli.translate import Translator
+from nmt_cli.decode.sampling import Sampling
+from nmt_cli.decode.search import sample_search
+from nmt_cli.decode.translate import Translator
+from nmt_cli.model.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from nmt_cli.model.transformer import Transformer
 
 from .conftest import expect_error, run_cli, shared_data, threshold
 
@@ -274,7 +274,7 @@ def test_the_command_line_samples_prefixes_and_constrains_and_refuses_bad_input_
 def test_the_server_samples_prefixes_and_constrains_per_request_and_refuses_bad_fields(translator, val):
     from concurrent.futures import ThreadPoolExecutor
 
-    from nmt_cli.serve_batching import ServeLimits
+    from nmt_cli.serve.batching import ServeLimits
 
     from .test_serve import Server
 

@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt_cli.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
-from nmt_cli.engines import load_translator
-from nmt_cli.model import Transformer
-from nmt_cli.translate import Translator
+from nmt_cli.decode.translate import Translator
+from nmt_cli.export.engines import load_translator
+from nmt_cli.model.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from nmt_cli.model.transformer import Transformer
 
 from .conftest import expect_error, require_extra, run_cli, threshold
 
 ctranslate2 = require_extra("ctranslate2")  # an optional extra: skipped without it, except under CI
 
-from nmt_cli.ct2 import CTranslate2Translator, export_ctranslate2  # noqa: E402
+from nmt_cli.export.ct2 import CTranslate2Translator, export_ctranslate2  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -130,15 +130,22 @@ def test_two_ctranslate2_workers_translate_exactly_what_one_does(exported, val):
 
 
 def test_int8_export_stays_close_to_fp32(exported, val):
-    """int8 weights: the translations agree with the fp32 export's at >= 60 BLEU (measured: ~90 on AMD EPYC, 98
-    on Intel Xeon (AMX)) and score within 1 BLEU of them against the references."""
-    import sacrebleu
-
-    fp32 = CTranslate2Translator.from_dir(exported["float32"]).translate(val[0])
-    int8 = CTranslate2Translator.from_dir(exported["int8"]).translate(val[0])
-    threshold("BLEU of int8 against fp32", sacrebleu.corpus_bleu(int8, [fp32]).score, low=60)
-    threshold("BLEU difference against the references",
-              abs(sacrebleu.corpus_bleu(int8, [val[1]]).score - sacrebleu.corpus_bleu(fp32, [val[1]]).score), high=1.0)
+    """int8 weights: teacher-forced log-probabilities of the val references stay within 0.05 of the fp32
+    export's per token on average (measured: ~0.011, on 5 trainings of the fixture), and every line translates.
+    Quantization error is a property of the weights, so this holds whatever the fixture outputs; comparing the
+    translations does not (BLEU of int8 against fp32 ranged 55-100 over those trainings: on a model that
+    repeats itself, one flipped near-tie changes the rest of the line)."""
+    fp32 = CTranslate2Translator.from_dir(exported["float32"])
+    int8 = CTranslate2Translator.from_dir(exported["int8"])
+    sources = fp32.encode(val[0])
+    targets = [fp32.vocab.encode(fp32.segmenter.segment(r, "de")) for r in val[1]]
+    ours, theirs = fp32.token_log_probs(sources, targets), int8.token_log_probs(sources, targets)
+    gaps = [abs(a - b) for x, y in zip(ours, theirs) for a, b in zip(x, y)]
+    assert len(gaps) == sum(len(t) + 1 for t in targets)
+    threshold("mean per-token log-probability difference, int8 vs fp32", sum(gaps) / len(gaps), high=0.05)
+    assert -sum(a for x in ours for a in x) / len(gaps) > 1.0  # the 0.05's scale: fp32's own mean is -4.3
+    translations = int8.translate(val[0])
+    assert len(translations) == len(val[0]) and any(translations)
 
 
 def test_engine_ctranslate2_runs_a_checkpoint_like_its_export(multi30k_tiny, exported, val, tmp_path):
@@ -171,7 +178,7 @@ def test_cli_export_then_translate_without_torch(multi30k_tiny, tmp_path, val):
     assert result.exit_code == 0, result.output
     expect_error(run_cli("export", "ctranslate2", "-m", model, "-o", tmp_path / "m"), "already exists", "--force")
     probe = ("import atexit, sys; atexit.register(lambda: sys.stderr.write('torch loaded: %s\\n' % "
-             "('torch' in sys.modules))); from nmt_cli.cli import main; sys.argv[0] = 'nmt'; main()")
+             "('torch' in sys.modules))); from nmt_cli.cli.main import main; sys.argv[0] = 'nmt'; main()")
     proc = subprocess.run([sys.executable, "-c", probe, "translate", "-m", str(tmp_path / "m"), "--greedy", "-i",
                            str(root / "val.en")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -218,8 +225,8 @@ def test_transformers_export_of_a_moses_bpe_model_is_fsmt(multi30k_tiny, val, tm
     import re
 
     transformers = require_extra("transformers")
-    from nmt_cli.hf import export_transformers
-    from nmt_cli.translate import Translator
+    from nmt_cli.decode.translate import Translator
+    from nmt_cli.export.hf import export_transformers
 
     model_path, _ = multi30k_tiny
     folder = export_transformers(model_path, tmp_path / "fsmt")
@@ -261,7 +268,7 @@ def test_transformers_export_of_a_moses_bpe_model_is_fsmt(multi30k_tiny, val, tm
 def test_the_export_keeps_the_model_files_decoding_settings(toy_model, tmp_path):
     """nmt.json carries the beam and length penalty chosen for the model, and the exported folder searches with
     them by default."""
-    from nmt_cli.checkpoint import with_decoding
+    from nmt_cli.model.checkpoint import with_decoding
 
     model = tmp_path / "model.pt"
     save_checkpoint(with_decoding(load_checkpoint(toy_model), 2, 1.5, "chosen on val"), model)
@@ -273,7 +280,7 @@ def test_the_export_keeps_the_model_files_decoding_settings(toy_model, tmp_path)
 
 def test_ctranslate2_samples_prefixes_and_bans_repeats_and_refuses_constraints_in_one_line(exported, val,
                                                                                            tmp_path):
-    from nmt_cli.sampling import Sampling
+    from nmt_cli.decode.sampling import Sampling
 
     ct = CTranslate2Translator.from_dir(exported["float32"])
     lines, short = val[0][:16], dict(max_len_b=20)

@@ -1,29 +1,109 @@
-"""The package's modules form layers: each module imports, at its top or inside a function, only modules of
-lower layers, in the order docs/design.md lists them; and nothing imports in a circle."""
+"""The package's layout is its architecture: packages by job in an order, modules in layers inside each, as
+docs/design.md's layout table lists them. A module imports (at its top or inside a function) only lower modules of
+its own package and modules of lower packages; nothing imports in a circle; every package's `__init__.py` imports
+nothing, and the names the top one offers exist where it says."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "nmt_cli"
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "nmt_cli"
+DESIGN = REPO / "docs" / "design.md"
+
+
+def module_name(path: Path) -> str:
+    """'decode.search' for nmt_cli/decode/search.py, 'errors' for nmt_cli/errors.py."""
+    return ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+
+
+def package_of(module: str) -> str:
+    """The module's package ('' for the root)."""
+    return module.rpartition(".")[0]
+
+
+def imported_modules(path: Path, modules: set[str]) -> set[str]:
+    """The package modules that the file at `path` imports anywhere in its source (TYPE_CHECKING blocks too)."""
+    here = package_of(module_name(path)) if path.name != "__init__.py" else module_name(path.parent)
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name.removeprefix("nmt_cli.") for a in node.names if a.name.startswith("nmt_cli.")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(here.split(".")[: len(here.split(".")) - node.level + 1]) if here else ""
+                base = ".".join(p for p in (base, node.module or "") if p)
+            elif node.module == "nmt_cli" or (node.module or "").startswith("nmt_cli."):
+                base = node.module.removeprefix("nmt_cli").lstrip(".")
+            else:
+                continue
+            found.add(base)
+            found |= {".".join(p for p in (base, a.name) if p) for a in node.names}
+    return found & modules
 
 
 def import_graph() -> dict[str, set[str]]:
-    """module -> the package modules it imports anywhere in its source (TYPE_CHECKING blocks included)."""
-    modules = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
-    graph: dict[str, set[str]] = {}
-    for name in modules:
-        tree = ast.parse((PACKAGE / f"{name}.py").read_text(encoding="utf-8"))
-        found = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.level == 1:
-                found |= {node.module} if node.module else {a.name for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("nmt_cli."):
-                found.add(node.module.split(".")[1])
-        graph[name] = found & modules
-    return graph
+    """module -> the package modules it imports; `__init__.py` files and `__main__` (the entry point) are not
+    modules of a layer (test_package_inits_import_nothing checks the first)."""
+    paths = [p for p in PACKAGE.rglob("*.py") if p.name not in ("__init__.py", "__main__.py")]
+    modules = {module_name(p) for p in paths}
+    return {module_name(p): imported_modules(p, modules) - {module_name(p)} for p in paths}
+
+
+def documented_layout() -> tuple[list[str], dict[str, int]]:
+    """The packages in docs/design.md's layout table, lowest first ('' for the root), and module -> its layer
+    in its package (from 1)."""
+    text = DESIGN.read_text(encoding="utf-8")
+    section = text[text.index("## Layout"):]
+    section = section[: section.index("\n## ", 1)]
+    packages: list[str] = []
+    layers: dict[str, int] = {}
+    for row in re.findall(r"^\| `(?:nmt_cli|(\w+))/`[^|]*\|[^|]*\|([^|]+)\|$", section, flags=re.M):
+        package, cells = row
+        packages.append(package)
+        for layer, body in enumerate(cells.split("<"), start=1):
+            for name in re.findall(r"`(\w+)`", body):
+                module = f"{package}.{name}" if package else name
+                assert module not in layers, f"{module} is listed twice in docs/design.md's layout"
+                layers[module] = layer
+    return packages, layers
+
+
+def upward_imports(graph: dict[str, set[str]], packages: list[str], layers: dict[str, int]) -> list[str]:
+    """Each import that goes to a higher package, or within a package to the same or a higher layer."""
+    rank = {p: i for i, p in enumerate(packages)}
+    wrong = []
+    for module, imported in graph.items():
+        for dep in imported:
+            mine, theirs = rank[package_of(module)], rank[package_of(dep)]
+            if theirs > mine or (theirs == mine and layers[dep] >= layers[module]):
+                wrong.append(f"{module} imports {dep}")
+    return sorted(wrong)
+
+
+def test_every_import_goes_to_a_lower_package_or_layer():
+    graph, (packages, layers) = import_graph(), documented_layout()
+    assert len(packages) == 9 and packages[0] == "" and packages[-1] == "cli", packages
+    on_disk = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert set(packages) - {""} == on_disk, ("packages missing from docs/design.md's layout", on_disk)
+    assert set(graph) == set(layers), ("modules missing from docs/design.md's layout", set(graph) ^ set(layers))
+    wrong = upward_imports(graph, packages, layers)
+    assert not wrong, wrong
+
+
+def test_the_layout_check_finds_an_upward_import():
+    """The check above reads the real table: an import of a higher package, or of a module of the same layer
+    in its own package, is reported, and a downward one is not."""
+    packages, layers = documented_layout()
+    assert layers["errors"] == 1 and layers["decode.translate"] > layers["decode.search"] > layers["decode.sampling"]
+    graph = import_graph()
+    assert not upward_imports({"decode.search": {"model.ops", "decode.sampling"}}, packages, layers)
+    assert upward_imports({"model.ops": {"decode.search"}}, packages, layers) == ["model.ops imports decode.search"]
+    assert upward_imports({"decode.steering": {"decode.pipeline"}}, packages, layers)
+    assert upward_imports({**graph, "errors": {"textio"}}, packages, layers) == ["errors imports textio"]
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -45,44 +125,32 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-DESIGN = Path(__file__).resolve().parents[1] / "docs" / "design.md"
-
-
-def documented_layers() -> dict[str, int]:
-    """module -> its layer number in docs/design.md's numbered list ("3. `precision`, `commandline` ...")."""
-    text = DESIGN.read_text(encoding="utf-8")
-    section = text[text.index("Layers, lowest first"):]
-    section = section[: section.index("\n## ")]
-    layers: dict[str, int] = {}
-    for number, body in re.findall(r"^(\d+)\. (.+(?:\n   .+)*)", section, flags=re.M):
-        for name in re.findall(r"`(\w+)`", body):
-            assert name not in layers, f"{name} is listed twice in docs/design.md's layers"
-            layers[name] = int(number)
-    return layers
-
-
-def test_every_import_goes_to_a_lower_documented_layer():
-    graph, layers = import_graph(), documented_layers()
-    assert set(graph) == set(layers), ("modules missing from docs/design.md's layers", set(graph) ^ set(layers))
-    wrong = [f"{m} (layer {layers[m]}) imports {d} (layer {layers[d]})" for m in graph for d in graph[m]
-             if layers[d] >= layers[m]]
-    assert not wrong, wrong
-
-
-def test_the_layer_check_finds_an_upward_import():
-    """The check above reads the real list: an import of a module from its own layer is reported."""
-    layers = documented_layers()
-    assert layers["errors"] == 1 and layers["cli"] > layers["train"] > layers["update"] > layers["model"]
-    graph = {**import_graph(), "errors": {"ops"}}
-    assert any(layers[d] >= layers[m] for m in graph for d in graph[m])
-
-
-def test_no_import_circles():
-    assert not cycles(import_graph()), cycles(import_graph())
+def test_no_import_circles_between_modules_or_packages():
+    graph = import_graph()
+    assert not cycles(graph), cycles(graph)
+    packages: dict[str, set[str]] = {}
+    for module, imported in graph.items():
+        packages.setdefault(package_of(module), set()).update(package_of(d) for d in imported)
+    packages = {p: deps - {p} for p, deps in packages.items()}
+    assert not cycles(packages), cycles(packages)
 
 
 def test_the_circle_check_finds_one():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c", "a"]]
+
+
+def test_package_inits_import_nothing_and_the_top_names_the_api():
+    """A subpackage's `__init__.py` is its one-sentence docstring; the top one imports none of the package at
+    import time (so `import nmt_cli` loads no torch), and each name of its API is defined where it says."""
+    for init in PACKAGE.glob("*/__init__.py"):
+        body = ast.parse(init.read_text(encoding="utf-8")).body
+        assert len(body) == 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant), init
+    top = ast.parse((PACKAGE / "__init__.py").read_text(encoding="utf-8"))
+    assert not [n for n in ast.walk(top) if isinstance(n, ast.ImportFrom) and (n.level or "nmt_cli" in (n.module or ""))]
+    import nmt_cli
+
+    for name, module in nmt_cli.API.items():
+        assert getattr(importlib.import_module(module), name) is getattr(nmt_cli, name), name
 
 
 def test_the_stated_torch_minimum_is_the_checked_one_and_older_torch_gets_one_line(monkeypatch):
@@ -92,7 +160,7 @@ def test_the_stated_torch_minimum_is_the_checked_one_and_older_torch_gets_one_li
 
     import torch
 
-    from nmt_cli.commandline import MIN_TORCH
+    from nmt_cli.cli.commandline import MIN_TORCH
 
     from .conftest import expect_error, run_cli
 
@@ -100,7 +168,7 @@ def test_the_stated_torch_minimum_is_the_checked_one_and_older_torch_gets_one_li
     stated = re.search(r'"torch>=(\d+)\.(\d+)"', pyproject)
     assert stated and tuple(map(int, stated.groups())) == MIN_TORCH
     assert hasattr(torch.nn.utils, "get_total_norm")
-    monkeypatch.setattr("nmt_cli.commandline.installed_torch_version", lambda: "2.5.1+cpu")
+    monkeypatch.setattr("nmt_cli.cli.commandline.installed_torch_version", lambda: "2.5.1+cpu")
     expect_error(run_cli("average", "x.pt", "-o", "y.pt"), "nmt needs torch 2.6 or newer, found 2.5.1+cpu")
 
 

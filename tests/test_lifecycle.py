@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt_cli import train as train_module
-from nmt_cli.checkpoint import load_checkpoint
-from nmt_cli.train import TrainOptions, train
+from nmt_cli.model.checkpoint import load_checkpoint
+from nmt_cli.training import trainer as train_module
+from nmt_cli.training.trainer import TrainOptions, train
 
 from .conftest import expect_error, run_cli, threshold
 
@@ -100,7 +100,7 @@ def test_signal_on_the_final_update_still_finishes_the_run(toy_data, tmp_path, m
 
 
 def test_signal_on_an_epoch_end_keeps_its_validation_and_numbered_checkpoint(toy_data, tmp_path, monkeypatch):
-    from nmt_cli.data import DataDir, make_batches
+    from nmt_cli.data.binarized import DataDir, make_batches
 
     corpus = DataDir.open(toy_data).split("train")
     per_epoch = len(make_batches(corpus.src.sizes, corpus.tgt.sizes, 2048, 7))
@@ -118,14 +118,14 @@ def test_signal_on_an_epoch_end_keeps_its_validation_and_numbered_checkpoint(toy
 _SLOW_SAVE = """
 import sys, time
 from pathlib import Path
-import nmt_cli.checkpoint as checkpoint
+import nmt_cli.model.checkpoint as checkpoint
 marker, original = Path(sys.argv.pop(1)), checkpoint.save_checkpoint
 def slow_save(*args, **kwargs):  # a save that takes a minute: a big model on a slow disk
     marker.touch()
     time.sleep(60)
     original(*args, **kwargs)
 checkpoint.save_checkpoint = slow_save
-from nmt_cli.cli import main
+from nmt_cli.cli.main import main
 sys.argv[0] = "nmt"
 main()
 """
@@ -201,8 +201,8 @@ def test_save_dir_lock_without_flock(toy_data, tmp_path, monkeypatch):
     """On a filesystem without flock (ENOSYS, Lustre's default) the lock is an exclusive-create file: a run
     trains, a second run is refused while it is held, a dead local holder's file is taken over, another host's
     is reported in one line."""
-    from nmt_cli import runstate
     from nmt_cli.textio import host_name
+    from nmt_cli.training import runstate
 
     def no_flock(*args):
         raise OSError(errno.ENOSYS, "Function not implemented")
@@ -227,7 +227,7 @@ def test_background_save_writes_its_updates_state_while_training_goes_on(toy_dat
     """With a slow save (each takes 0.4 s) updates go on while a checkpoint is written, and every
     checkpoint still holds the state of the update that saved it: bit-identical to a run that saves in the
     training thread."""
-    from nmt_cli import checkpoint as checkpoint_module
+    from nmt_cli.model import checkpoint as checkpoint_module
 
     kw = dict(max_updates=6, save_interval_updates=2, keep_last=0, log_interval=1, dropout=0.1)
     train(_opts(toy_data, tmp_path / "inline", background_save=False, **kw))
@@ -313,7 +313,7 @@ def test_skipped_update_at_an_epoch_end_still_validates_and_saves(toy_data, tmp_
         loss, tokens, flags = real(runner, model, micro, *rest)
         return (loss, None, flags) if len(calls) == per_epoch else (loss, tokens, flags)
 
-    from nmt_cli.data import DataDir, make_batches
+    from nmt_cli.data.binarized import DataDir, make_batches
 
     corpus = DataDir.open(toy_data).split("train")
     per_epoch = len(make_batches(corpus.src.sizes, corpus.tgt.sizes, 2048, 7))
@@ -328,7 +328,7 @@ def test_skipped_update_at_an_epoch_end_still_validates_and_saves(toy_data, tmp_
 
 
 def test_max_epochs_trains_exactly_that_many_epochs(toy_data, tmp_path):
-    from nmt_cli.data import DataDir, make_batches
+    from nmt_cli.data.binarized import DataDir, make_batches
 
     corpus = DataDir.open(toy_data).split("train")
     per_epoch = len(make_batches(corpus.src.sizes, corpus.tgt.sizes, 2048, 7))
@@ -474,7 +474,7 @@ def test_a_clean_up_that_hangs_after_ctrl_c_prints_the_stacks_and_exits(tmp_path
     ref = tmp_path / "ref.de"
     ref.write_text("ein Haus\n")
     script = ("import atexit, sys, time\n"
-              "import nmt_cli.cli as cli\n"
+              "import nmt_cli.cli.main as cli\n"
               "cli.EXIT_WATCHDOG_S = 1.0\n"
               "def a_stuck_clean_up():\n"
               "    time.sleep(3600)\n"
@@ -544,7 +544,7 @@ def test_redirected_log_has_plain_timestamped_lines(toy_data, tmp_path):
     import re
 
     assert re.match(stamp + r"nmt \d+\.\d+\.\d+: nmt train ", lines[0])
-    from nmt_cli.precision import auto_precision
+    from nmt_cli.model.precision import auto_precision
 
     chosen = auto_precision(torch.device("cpu"))  # --precision auto, recorded as what it chose
     assert re.match(stamp + rf"[\d,]+ parameters, 1 process\(es\) on cpu, {chosen}; starting; config \{{", lines[1])
@@ -645,7 +645,7 @@ def test_nothing_is_written_outside_the_named_outputs(toy_data, toy_model, tmp_p
 def test_one_save_under_several_names_is_one_file_and_names_stay_independent(tmp_path):
     """checkpoint_N.pt, checkpoint_last.pt and checkpoint_best.pt of one save share one file (written once);
     replacing one name later, or pruning another, leaves the others as they were."""
-    from nmt_cli.checkpoint import save_checkpoint
+    from nmt_cli.model.checkpoint import save_checkpoint
 
     first = {"model": {"w": torch.ones(3)}, "updates": 2}
     names = [tmp_path / "checkpoint_2.pt", tmp_path / "checkpoint_last.pt", tmp_path / "checkpoint_best.pt"]

@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nmt_cli import ops
-from nmt_cli.model import Transformer, explicit_attention, make_config, sinusoidal_positions
-from nmt_cli.ops import dropout, linear_cross_entropy, linear_log_softmax_topk, relu_dropout
-from nmt_cli.train import cooldown_factor, inverse_sqrt_lr
+from nmt_cli.model import ops
+from nmt_cli.model.ops import dropout, linear_cross_entropy, linear_log_softmax_topk, relu_dropout
+from nmt_cli.model.transformer import Transformer, explicit_attention, make_config, sinusoidal_positions
+from nmt_cli.training.trainer import cooldown_factor, inverse_sqrt_lr
 
 from .conftest import threshold
 
@@ -420,8 +420,8 @@ def test_topk_rows_with_ties_and_infinities(monkeypatch):
 
 
 def test_finished_sentences_leave_by_moving_only_the_last_staying_ones():
-    from nmt_cli.model import keep_rows
-    from nmt_cli.search import staying_order
+    from nmt_cli.decode.search import staying_order
+    from nmt_cli.model.transformer import keep_rows
 
     done = [False, True, False, True, False, False, True, False]
     order = staying_order(done, torch.device("cpu"))
@@ -500,8 +500,8 @@ def test_a_padded_vocabulary_trains_and_decodes_as_the_unpadded_one():
     """37 symbols padded to 40 rows (multiple of 8) or 64: the same initial weights on the real rows, zero
     padding rows, the same loss, validation loss and gradients, zero gradient on the padding rows (so they stay
     zero under Adam), and the same greedy and beam output and scores as the unpadded model."""
-    from nmt_cli.search import EnsembleModel, beam_search, greedy_search
-    from nmt_cli.update import TranslationLoss
+    from nmt_cli.decode.search import EnsembleModel, beam_search, greedy_search
+    from nmt_cli.training.update import TranslationLoss
 
     torch.manual_seed(0)
     plain = Transformer(make_config("tiny", 37, vocab_multiple=1, dropout=0.0))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from nmt_cli.checkpoint import load_checkpoint
+from nmt_cli.model.checkpoint import load_checkpoint
 
 from .test_lifecycle import _log, _wait_for_updates
 
@@ -88,7 +88,7 @@ def test_two_nodes_with_separate_save_dirs_refuse_before_training(toy_data, tmp_
 def test_resume_on_another_number_of_processes_says_what_changes(toy_data, tmp_path):
     """1 process, then 2 under torchrun on the same save dir: the run goes on, and says in one warning that the
     update now holds twice the batches and that the data position is no longer bit-exact."""
-    from nmt_cli.train import TrainOptions, train
+    from nmt_cli.training.trainer import TrainOptions, train
 
     save = tmp_path / "ck"
     train(TrainOptions(data=toy_data, save_dir=save, arch="tiny", max_tokens=256, warmup=50, device="cpu",

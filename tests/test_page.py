@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from nmt_cli.serve_batching import ServeLimits
-from nmt_cli.translate import Translator
+from nmt_cli.decode.translate import Translator
+from nmt_cli.serve.batching import ServeLimits
 
 from .browser import BrowserMissing, headless_chromium, page_text
 from .conftest import require_extra, run_cli

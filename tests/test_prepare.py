@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from nmt_cli.data import DataDir
-from nmt_cli.prepare import PrepareOptions, _Stages, prepare
+from nmt_cli.data.binarized import DataDir
+from nmt_cli.data.prepare import PrepareOptions, _Stages, prepare
 
 from .conftest import expect_error, run_cli, shared_data, write_task
 
@@ -39,7 +39,7 @@ def test_collated_batches_pad_each_sentence_as_a_loop_over_them_would(toy_data):
     sentence, many, the longest first or last, indices in any order)."""
     import numpy as np
 
-    from nmt_cli.data import collate, make_batches
+    from nmt_cli.data.binarized import collate, make_batches
 
     data = DataDir.open(toy_data)
     corpus, vocab = data.split("train"), data.vocab
@@ -188,8 +188,8 @@ def test_help_lists_every_subcommand():
 def test_punctuation_normalization_recorded_and_applied_by_translate(tmp_path, toy_model):
     """--normalize-punctuation runs Moses' normalizer (and drops non-printing characters) before tokenizing;
     meta.json records it, and a model trained on the data applies the same to its input."""
-    from nmt_cli.text import normalize_punctuation
-    from nmt_cli.translate import Translator
+    from nmt_cli.decode.translate import Translator
+    from nmt_cli.text.moses import normalize_punctuation
 
     raw = tmp_path / "raw"
     write_task(raw / "train", 60, seed=1)
@@ -230,7 +230,7 @@ def test_valid_pairs_longer_than_the_model_are_dropped_from_the_binarized_split(
 
 def test_ordered_map_keeps_order_and_reads_its_input_only_a_window_ahead():
     """prepare's stages stream: at most workers x 3 chunks are read ahead of the results consumed."""
-    from nmt_cli.workers import ordered_map
+    from nmt_cli.data.workers import ordered_map
 
     consumed = []
 
@@ -264,7 +264,7 @@ def test_ordered_map_raises_worker_errors_and_deaths_and_leaves_no_worker_behind
     forever, and leaving the loop early (error or break) leaves no worker process running."""
     import multiprocessing as mp
 
-    from nmt_cli.workers import WorkerDied, ordered_map
+    from nmt_cli.data.workers import WorkerDied, ordered_map
 
     with pytest.raises(ValueError, match="three"):
         list(ordered_map(_fail_on_three, iter(range(10)), workers=2))
@@ -291,7 +291,7 @@ def test_ordered_map_runs_no_thread_here_and_a_dead_worker_blocks_nothing():
     import multiprocessing as mp
     import threading
 
-    from nmt_cli.workers import WorkerDied, ordered_map
+    from nmt_cli.data.workers import WorkerDied, ordered_map
 
     before = set(threading.enumerate())
     big = [b"x" * (1 << 20)] * 12
@@ -347,7 +347,7 @@ def test_workers_die_with_their_parent_even_mid_job(tmp_path):
     from nmt_cli.textio import alive, remove_temporaries
 
     script = ("import os, sys, time\n"
-              "from nmt_cli.workers import ordered_map\n"
+              "from nmt_cli.data.workers import ordered_map\n"
               "def job(x):\n"
               "    os.write(1, f'{os.getpid()}\\n'.encode())\n"  # one write: print's two could interleave
               "    time.sleep(30)\n"
@@ -374,8 +374,8 @@ def test_workers_are_forked_while_no_other_thread_runs(multi30k_subset, tmp_path
     thread, so every stage forks its workers with only the threads that ran before prepare began."""
     import threading
 
-    import nmt_cli.prepare as prep
-    from nmt_cli import workers
+    import nmt_cli.data.prepare as prep
+    from nmt_cli.data import workers
 
     before = set(threading.enumerate())
     seen: list[set] = []

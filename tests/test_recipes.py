@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt_cli.checkpoint import load_checkpoint
+from nmt_cli.model.checkpoint import load_checkpoint
 
 from .conftest import REPO, run_cli, shared_data
 
@@ -370,7 +370,7 @@ def test_gpu_check_runs_on_the_cpu():
     assert len(rows) == 6 and not any("FAIL" in r for r in rows), result.stdout
     assert sum("PASS" in r for r in rows) == 5 and "bit-identical" in result.stdout
     if not torch.cuda.is_available():
-        result = subprocess.run([sys.executable, "-m", "nmt_cli.gpu_check"], capture_output=True, text=True)
+        result = subprocess.run([sys.executable, "-m", "nmt_cli.training.gpu_check"], capture_output=True, text=True)
         assert result.returncode == 2 and result.stderr.strip().splitlines() == [
             "gpu-check: no CUDA device here; `make gpu-check DEVICE=cpu` runs the same checks on the CPU"]
 

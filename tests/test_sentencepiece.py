@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt_cli.checkpoint import load_checkpoint, save_checkpoint
-from nmt_cli.data import DataDir
+from nmt_cli.data.binarized import DataDir
+from nmt_cli.data.prepare import PrepareOptions, prepare
+from nmt_cli.decode.score import default_tokenize, score
 from nmt_cli.errors import NmtError
-from nmt_cli.model import ModelConfig
-from nmt_cli.prepare import PrepareOptions, prepare
-from nmt_cli.score import default_tokenize, score
-from nmt_cli.segment import SentencePiece, train_sentencepiece
+from nmt_cli.model.checkpoint import load_checkpoint, save_checkpoint
+from nmt_cli.model.transformer import ModelConfig
+from nmt_cli.text.segment import SentencePiece, train_sentencepiece
 
 from .conftest import REPO, expect_error, require_extra, run_cli, shared_data, threshold
 
@@ -52,7 +52,7 @@ def spm_data(tatoeba, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def spm_model(spm_data, tmp_path_factory) -> Path:
     """A `tiny` zh->en model briefly trained on the SentencePiece data (its output is poor but deterministic)."""
-    from nmt_cli.train import TrainOptions, train
+    from nmt_cli.training.trainer import TrainOptions, train
 
     save = tmp_path_factory.mktemp("spm_ckpt")
     train(TrainOptions(data=spm_data, save_dir=save, arch="tiny", max_tokens=2048, max_updates=150, warmup=50,
@@ -108,7 +108,7 @@ def test_prepare_with_sentencepiece_uses_its_vocabulary_and_ids(spm_data, tatoeb
 
 def test_a_sentencepiece_model_translates_raw_text_alike_everywhere(spm_model, spm_data, tmp_path):
     """nmt translate, the Python API, nmt serve and the CTranslate2 export give the same greedy output."""
-    from nmt_cli.translate import Translator
+    from nmt_cli.decode.translate import Translator
 
     sources = (spm_data / "valid.raw.zh").read_text(encoding="utf-8").splitlines()[:30]
     api = Translator.from_checkpoint(spm_model).translate(sources, greedy=True)
@@ -123,7 +123,7 @@ def test_a_sentencepiece_model_translates_raw_text_alike_everywhere(spm_model, s
     assert load_checkpoint(averaged)["sentencepiece"] == (spm_data / "spm.model").read_bytes()
 
     require_extra("uvicorn")
-    from nmt_cli.serve_batching import ServeLimits
+    from nmt_cli.serve.batching import ServeLimits
 
     from .test_serve import Server
 
@@ -132,7 +132,7 @@ def test_a_sentencepiece_model_translates_raw_text_alike_everywhere(spm_model, s
     assert status == 200 and body["translations"] == api
 
     require_extra("ctranslate2")
-    from nmt_cli.ct2 import CTranslate2Translator, export_ctranslate2
+    from nmt_cli.export.ct2 import CTranslate2Translator, export_ctranslate2
 
     folder = export_ctranslate2(spm_model, tmp_path / "ct2")
     assert (folder / "spm.model").read_bytes() == (spm_data / "spm.model").read_bytes()
@@ -140,7 +140,7 @@ def test_a_sentencepiece_model_translates_raw_text_alike_everywhere(spm_model, s
     assert CTranslate2Translator.from_dir(folder).translate(sources, greedy=True) == api
     # the exported folder translates raw Chinese without torch
     script = ("import sys; sys.modules['torch'] = None\n"
-              "from nmt_cli.ct2 import CTranslate2Translator\n"
+              "from nmt_cli.export.ct2 import CTranslate2Translator\n"
               f"print(CTranslate2Translator.from_dir({str(folder)!r}).translate({sources[:3]!r}, greedy=True))")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0, out.stderr
@@ -274,7 +274,7 @@ def test_attention_and_alignments_of_a_sentencepiece_model(spm_model, spm_data, 
         for pair in pairs.split():
             i, j = map(int, pair.split("-"))
             assert 0 <= i < characters and 0 <= j < len(text.split())
-    from nmt_cli.attention import piece_words
+    from nmt_cli.model.attention import piece_words
 
     surface = DataDir.open(spm_data).segmenter().surface
     assert piece_words(["\u2581我们", "去", "公园", "。"], "我们去公园。", surface, characters=True) == [0, 2, 3, 5]
@@ -285,8 +285,8 @@ def test_transformers_export_is_the_same_model(spm_model, spm_data, tmp_path):
     """`nmt export transformers` (Marian): the tokenizer gives nmt's ids, teacher-forced log-probabilities equal
     nmt's within 1e-4, and greedy generation gives nmt's greedy output."""
     transformers = require_extra("transformers")
-    from nmt_cli.hf import export_transformers
-    from nmt_cli.translate import Translator
+    from nmt_cli.decode.translate import Translator
+    from nmt_cli.export.hf import export_transformers
 
     folder = export_transformers(spm_model, tmp_path / "hf")
     assert (folder / "README.md").read_text().startswith("---\nlanguage:\n- zh\n- en")
@@ -331,7 +331,7 @@ def test_transformers_export_refuses_what_it_cannot_hold(toy_model, spm_model, t
     """A pre-norm model (Moses + BPE: FSMT) and a learned-position one (SentencePiece: Marian): one line each,
     nothing written."""
     require_extra("transformers")
-    from nmt_cli.model import Transformer
+    from nmt_cli.model.transformer import Transformer
 
     for source, overrides, why in ((toy_model, dict(pre_norm=True), "pre-norm layers (FSMT's are post-norm)"),
                                    (spm_model, dict(learned_positions=True), "learned positions (Marian's")):
@@ -346,8 +346,8 @@ def test_transformers_export_refuses_what_it_cannot_hold(toy_model, spm_model, t
 def test_marian_layout_and_what_it_cannot_hold():
     """Marian's positions are nmt's sinusoids with the sines first; pre-norm, learned positions and narrow
     heads are refused with one line."""
-    from nmt_cli.hf import marian_permutation, marian_state_dict
-    from nmt_cli.model import Transformer, make_config, sinusoidal_positions
+    from nmt_cli.export.hf import marian_permutation, marian_state_dict
+    from nmt_cli.model.transformer import Transformer, make_config, sinusoidal_positions
 
     d, positions = 8, torch.arange(10, dtype=torch.float32)[:, None]
     marian = sinusoidal_positions(10, d)[:, marian_permutation(d)]
@@ -367,9 +367,9 @@ def test_serve_counts_byte_fallback_pieces_before_the_work(spm_model):
     """SentencePiece spells a character outside its vocabulary in one piece per UTF-8 byte, so a line of emoji
     has ~4x more pieces than characters: the server's decoder-work bound covers them, and a request over the
     budget gets its 413 before the translator sees it."""
-    from nmt_cli.serve_batching import ServeLimits
-    from nmt_cli.serve_requests import token_bound
-    from nmt_cli.translate import Translator
+    from nmt_cli.decode.translate import Translator
+    from nmt_cli.serve.batching import ServeLimits
+    from nmt_cli.serve.requests import token_bound
 
     from .test_serve import Server, SlowTranslator
 

@@ -13,9 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from nmt_cli.serve import create_app
-from nmt_cli.serve_batching import ServeLimits, translator_thread
-from nmt_cli.translate import Translator
+from nmt_cli.decode.translate import Translator
+from nmt_cli.serve.app import create_app
+from nmt_cli.serve.batching import ServeLimits, translator_thread
 
 from .conftest import expect_error, require_extra, run_cli, threshold
 
@@ -346,7 +346,7 @@ def test_api_keys_and_metrics(translator, sentences):
 
 
 def test_api_key_file_and_its_errors(toy_model, tmp_path):
-    from nmt_cli.serve_keys import authorized, read_api_keys
+    from nmt_cli.serve.keys import authorized, read_api_keys
 
     keys = tmp_path / "keys"
     keys.write_text("# team keys\nalpha\n\n beta \n")
@@ -408,8 +408,8 @@ def _listening(port: int) -> bool:
 
 def test_freed_heap_is_handed_back_between_batches(translator, sentences, monkeypatch):
     """After a batch, with the queue empty, the server trims glibc's heap (at most once a second)."""
-    import nmt_cli.serve_batching as serve_module
-    from nmt_cli.serve_batching import release_free_heap
+    import nmt_cli.serve.batching as serve_module
+    from nmt_cli.serve.batching import release_free_heap
 
     assert release_free_heap() in (True, False)  # callable here (glibc) or a no-op elsewhere
     calls = []
@@ -427,7 +427,7 @@ def test_freed_heap_is_handed_back_between_batches(translator, sentences, monkey
 
 
 def test_requests_search_with_the_model_files_settings_unless_they_say(toy_model, sentences, tmp_path):
-    from nmt_cli.checkpoint import load_checkpoint, save_checkpoint, with_decoding
+    from nmt_cli.model.checkpoint import load_checkpoint, save_checkpoint, with_decoding
 
     model = tmp_path / "model.pt"
     save_checkpoint(with_decoding(load_checkpoint(toy_model), 2, 1.5, "chosen on val"), model)
@@ -445,7 +445,7 @@ def test_serve_flags_reach_their_limits(monkeypatch, tmp_path):
     """Each of serve's limit flags lands in its own ServeLimits field (--shutdown-seconds once landed in the heap
     trimming interval, positionally), before anything is loaded."""
     seen = {}
-    monkeypatch.setattr("nmt_cli.serve.serve_model", lambda models, host, port, limits, *a, **k: seen.update(
+    monkeypatch.setattr("nmt_cli.serve.app.serve_model", lambda models, host, port, limits, *a, **k: seen.update(
         limits=limits, port=port))
     result = run_cli("serve", "-m", tmp_path / "m.pt", "--port", "0", "--batch-size", "8", "--max-tokens", "300",
                      "--batch-wait-ms", "2", "--max-queue", "99", "--max-sentences", "9", "--max-chars", "77",

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt_cli.checkpoint import load_checkpoint, save_checkpoint
-from nmt_cli.train import TrainOptions, inverse_sqrt_lr, train
-from nmt_cli.translate import Translator
+from nmt_cli.decode.translate import Translator
+from nmt_cli.model.checkpoint import load_checkpoint, save_checkpoint
+from nmt_cli.training.trainer import TrainOptions, inverse_sqrt_lr, train
 
 from .conftest import expect_error, run_cli, threshold
 
@@ -60,7 +60,7 @@ def test_toy_task_criteria_fail_a_model_that_never_saw_the_mapping(tmp_path):
     """Negative control: the same training on targets shuffled across sentences learns what target sentences
     look like but not the mapping, and stays far from every threshold above (measured on the Intel Xeon (AMX)
     kind: loss ratio 0.71, valid perplexity 6.1, no exact output; 0.63, 7.8 and none after 800 updates)."""
-    from nmt_cli.prepare import PrepareOptions, prepare
+    from nmt_cli.data.prepare import PrepareOptions, prepare
 
     from .conftest import TOY_TRAINING, write_task
 
@@ -172,7 +172,7 @@ def test_compiled_layers_train_as_the_eager_ones_do(toy_data, tmp_path, monkeypa
     code; inductor's kernels are PyTorch's): inductor alone adds ~35 s here; benchmarks/compile.py runs it."""
     from torch._dynamo.utils import counters
 
-    from nmt_cli.model import Transformer
+    from nmt_cli.model.transformer import Transformer
 
     compile_layers = Transformer.compile_layers
     monkeypatch.setattr(Transformer, "compile_layers", lambda model: compile_layers(model, backend="aot_eager"))
@@ -245,7 +245,7 @@ def test_numbered_and_best_checkpoints_hold_the_weights_and_the_full_state_comes
     """Numbered and best checkpoints: the weights (what averaging and translation read), well under the full
     state's size; checkpoint_last.pt, the full state, at epoch ends, at the end, and every
     --state-interval-minutes (here: due at every update), never merely because a numbered one was saved."""
-    from nmt_cli import checkpoint as checkpoint_module
+    from nmt_cli.model import checkpoint as checkpoint_module
 
     written: list[tuple[str, bool, int]] = []
     real_save = checkpoint_module.save_checkpoint
@@ -291,10 +291,10 @@ def test_eval_bleu_and_patience(toy_data, tmp_path):
 def test_one_host_read_per_update_not_per_micro_batch(toy_data, monkeypatch):
     """train_step over 4 micro-batches reads a device value on the host once (the gradient-norm check):
     losses and token counts stay on the device until the log interval."""
-    from nmt_cli import distributed as D
-    from nmt_cli.data import DataDir, collate, make_batches
-    from nmt_cli.model import Transformer, make_config
-    from nmt_cli.train import TranslationLoss, train_step
+    from nmt_cli.data.binarized import DataDir, collate, make_batches
+    from nmt_cli.model.transformer import Transformer, make_config
+    from nmt_cli.training import distributed as D
+    from nmt_cli.training.trainer import TranslationLoss, train_step
 
     data = DataDir.open(toy_data)
     corpus = data.split("train")
@@ -349,10 +349,10 @@ def test_one_host_read_per_update_in_the_whole_loop(toy_data, tmp_path, processe
 def test_non_finite_gradient_skips_the_update(toy_data, fused):
     """NaN gradients leave the weights and Adam's state as they were: decided on the host after the update's
     read (any optimizer), or on the device by a fused Adam whose step is queued before the read."""
-    from nmt_cli import distributed as D
-    from nmt_cli.data import DataDir, collate, make_batches
-    from nmt_cli.model import Transformer, make_config
-    from nmt_cli.train import TranslationLoss, train_step
+    from nmt_cli.data.binarized import DataDir, collate, make_batches
+    from nmt_cli.model.transformer import Transformer, make_config
+    from nmt_cli.training import distributed as D
+    from nmt_cli.training.trainer import TranslationLoss, train_step
 
     data = DataDir.open(toy_data)
     corpus = data.split("train")
@@ -394,7 +394,7 @@ def test_numbered_checkpoints_at_epoch_ends_without_an_interval(toy_data, tmp_pa
 
 
 def test_prefetch_keeps_order_and_raises_worker_errors():
-    from nmt_cli.data import prefetch
+    from nmt_cli.data.binarized import prefetch
 
     assert list(prefetch(lambda x: x * 2, range(5))) == [0, 2, 4, 6, 8]
 
@@ -416,7 +416,7 @@ def test_training_tensors_use_huge_pages_unless_the_user_says_otherwise():
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     if not thp.exists() or "[never]" in thp.read_text():
         pytest.skip("this kernel gives no transparent huge pages")
-    probe = ("from nmt_cli import use_huge_pages_for_tensors as use; on = use(); import torch; "
+    probe = ("from nmt_cli.torch_env import use_huge_pages_for_tensors as use; on = use(); import torch; "
              "x = torch.ones(1 << 24); import re; rollup = open('/proc/self/smaps_rollup').read(); "
              "print(on, int(re.search(r'AnonHugePages:\\s+(\\d+)', rollup).group(1)) > 0)")
     env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
@@ -447,16 +447,16 @@ def test_precision_auto_is_bf16_only_where_the_cpu_multiplies_it_and_the_run_say
     kernels for it, fp32 elsewhere), and the start-up line says how the run stops and how to stop it safely."""
     import torch
 
-    from nmt_cli import precision
-    from nmt_cli.train import stopping_line
+    from nmt_cli.model import precision
+    from nmt_cli.training.trainer import stopping_line
 
     cpu = torch.device("cpu")
     monkeypatch.setattr(precision, "cpu_has_bf16", lambda: False)
     assert precision.auto_precision(cpu) == "fp32"
     monkeypatch.setattr(precision, "cpu_has_bf16", lambda: True)
-    monkeypatch.setattr("nmt_cli.ops.ONEDNN_BF16", True)
+    monkeypatch.setattr("nmt_cli.model.ops.ONEDNN_BF16", True)
     assert precision.auto_precision(cpu) == "bf16"
-    monkeypatch.setattr("nmt_cli.ops.ONEDNN_BF16", False)  # AVX-512 missing: oneDNN has no bf16 kernels
+    monkeypatch.setattr("nmt_cli.model.ops.ONEDNN_BF16", False)  # AVX-512 missing: oneDNN has no bf16 kernels
     assert precision.auto_precision(cpu) == "fp32"
     monkeypatch.undo()
 
@@ -512,7 +512,7 @@ def test_dropout_rates_may_change_on_resume_and_a_rate_not_given_keeps_its_value
 def test_a_precision_change_to_fp16_starts_a_fresh_loss_scale():
     """A bf16 or fp32 run saved a disabled scaler's empty state; resuming it in fp16 must not load that (torch
     raises on an empty state), and an fp16 run's scale carries over."""
-    from nmt_cli.train import restore_scaler
+    from nmt_cli.training.trainer import restore_scaler
 
     fresh = torch.amp.GradScaler("cpu", enabled=True)
     assert "a fresh fp16 loss scale" in restore_scaler(fresh, torch.amp.GradScaler("cpu", enabled=False).state_dict())

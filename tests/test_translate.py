@@ -13,11 +13,12 @@ import threading
 import pytest
 import torch
 
-from nmt_cli import DECODING_KERNEL_CACHE, ops
-from nmt_cli.model import Transformer, make_config
-from nmt_cli.pipeline import default_workers
-from nmt_cli.search import EnsembleModel, beam_search, greedy_search, length_penalty
-from nmt_cli.translate import Translator
+from nmt_cli.decode.pipeline import default_workers
+from nmt_cli.decode.search import EnsembleModel, beam_search, greedy_search, length_penalty
+from nmt_cli.decode.translate import Translator
+from nmt_cli.model import ops
+from nmt_cli.model.transformer import Transformer, make_config
+from nmt_cli.torch_env import DECODING_KERNEL_CACHE
 
 from .conftest import expect_error, run_cli, threshold
 
@@ -238,7 +239,7 @@ def test_cli_file_and_stdin(toy_model, tmp_path, translator):
 def test_piped_stdin_is_searched_in_sorted_batches_like_a_file(toy_model, sources, translator, monkeypatch):
     """Lines that have already arrived on stdin are translated together (several batches, sorted by length,
     searched `workers` at a time), not one arrival-order batch at a time; the output is the file's."""
-    from nmt_cli.pipeline import TextTranslator
+    from nmt_cli.decode.pipeline import TextTranslator
 
     lines = (sources * 4)[:150]
     expected = translator.translate(lines)
@@ -295,7 +296,7 @@ def test_bad_translate_input(toy_model, tmp_path):
 def test_beam_one_equals_greedy_on_an_untrained_model(toy_data, sources):
     """Untrained, outputs run to the length limit with </s> often second best: only a </s> among the top `beam`
     candidates may finish a hypothesis, so beam 1 stays on greedy's path."""
-    from nmt_cli.data import DataDir
+    from nmt_cli.data.binarized import DataDir
 
     data = DataDir.open(toy_data)
     torch.manual_seed(4)
@@ -312,7 +313,7 @@ def test_beam_one_equals_greedy_on_an_untrained_model(toy_data, sources):
 def test_text_module_loads_sacremoses_without_joblib():
     """The start-up saving is real (no joblib after importing nmt's text layer), and harmless: a later
     `import joblib` gets the real module, and tokenization works."""
-    code = ("import sys, nmt_cli.text as t; assert 'joblib' not in sys.modules, 'joblib imported'; "
+    code = ("import sys, nmt_cli.text.moses as t; assert 'joblib' not in sys.modules, 'joblib imported'; "
             "assert t.tokenize('Hello, world-wide!', 'en') == 'Hello , world @-@ wide !'; "
             "import joblib; assert joblib.Parallel is not None and joblib.delayed is not None; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -324,8 +325,9 @@ def test_cli_loads_without_the_garbage_collector_and_translates_with_it(toy_mode
     back on, frozen, once the model is loaded: the translation itself runs with the collector on."""
     import gc
 
-    from nmt_cli import cli, engines
-    from nmt_cli.pipeline import TextTranslator
+    from nmt_cli.cli import main as cli
+    from nmt_cli.decode.pipeline import TextTranslator
+    from nmt_cli.export import engines
 
     seen: dict[str, bool] = {}
     load, translate_nbest = engines.load_translator, TextTranslator.translate_nbest
@@ -370,7 +372,7 @@ def test_searches_reuse_cache_buffers_without_changing_results(toy_model, source
 
 
 def test_cache_pool_keeps_the_largest_and_hands_out_the_smallest_that_fits():
-    from nmt_cli.model import CachePool
+    from nmt_cli.model.transformer import CachePool
 
     pool = CachePool(keep=2)
     cpu = torch.device("cpu")
@@ -398,7 +400,7 @@ def test_the_model_files_decoding_settings_are_the_defaults(toy_model, sources, 
     """A model file that carries the beam and length penalty chosen for it (as `make multi30k` chooses them on
     val): translate and the Python API search with them unless told otherwise (serve and the exports:
     test_serve.py, test_export.py), and translate says so in one line; a flag overrides each."""
-    from nmt_cli.checkpoint import load_checkpoint, save_checkpoint, with_decoding
+    from nmt_cli.model.checkpoint import load_checkpoint, save_checkpoint, with_decoding
 
     model = tmp_path / "model.pt"
     save_checkpoint(with_decoding(load_checkpoint(toy_model), 2, 1.5, "chosen on val: BLEU 99.00"), model)

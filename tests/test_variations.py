@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nmt_cli.checkpoint import load_checkpoint
-from nmt_cli.model import ModelConfig, Transformer, make_config
+from nmt_cli.model.checkpoint import load_checkpoint
+from nmt_cli.model.transformer import ModelConfig, Transformer, make_config
 
 from .conftest import REPO, expect_error, require_extra, run_cli, shared_data, threshold
 
@@ -117,8 +117,8 @@ def test_training_translating_and_exporting_the_variants(toy_data, tmp_path):
                          "--device", "cpu"), "--head-dim must be at least 1")
 
     require_extra("ctranslate2")
-    from nmt_cli.ct2 import CTranslate2Translator, export_ctranslate2
-    from nmt_cli.translate import Translator
+    from nmt_cli.decode.translate import Translator
+    from nmt_cli.export.ct2 import CTranslate2Translator, export_ctranslate2
 
     sources = (toy_data.parent / "raw" / "valid.en").read_text().splitlines()[:20]
     folder = export_ctranslate2(learned, tmp_path / "ct2")  # the learned table is what CTranslate2 adds

@@ -52,7 +52,7 @@ def _run_child(conn: socket.socket, request: dict, fds: list[int]) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the command's own subprocesses are waited for
     signal.signal(signal.SIGINT, signal.default_int_handler)
     conn.sendall(STATUS.pack(os.getpid()))
-    from nmt_cli.cli import main
+    from nmt_cli.cli.main import main
 
     code = 0
     try:
@@ -81,13 +81,13 @@ def serve(path: str) -> None:
     """Import the toolkit, then fork a child for each request on the Unix socket at `path`, forever."""
     import gc
 
-    import nmt_cli.checkpoint  # noqa: F401
-    import nmt_cli.cli  # noqa: F401
-    import nmt_cli.prepare  # noqa: F401
-    import nmt_cli.score  # noqa: F401
-    import nmt_cli.search  # noqa: F401
-    import nmt_cli.train  # noqa: F401
-    import nmt_cli.translate  # noqa: F401
+    import nmt_cli.cli.main  # noqa: F401
+    import nmt_cli.data.prepare  # noqa: F401
+    import nmt_cli.decode.score  # noqa: F401
+    import nmt_cli.decode.search  # noqa: F401
+    import nmt_cli.decode.translate  # noqa: F401
+    import nmt_cli.model.checkpoint  # noqa: F401
+    import nmt_cli.training.trainer  # noqa: F401
 
     gc.collect()
     gc.freeze()  # children share the imported objects' pages instead of copying them at their first collection

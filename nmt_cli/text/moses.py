@@ -1,0 +1,121 @@
+"""Moses tokenization (sacremoses) and joint BPE (subword-nmt): learn, apply, undo."""
+
+from __future__ import annotations
+
+import io
+import re
+import sys
+import types
+from collections.abc import Sequence
+from functools import lru_cache
+from pathlib import Path
+
+
+def _import_sacremoses() -> types.ModuleType:
+    """sacremoses, without the joblib import its util module makes for its parallel corpus helpers (about a
+    fifth of a second of every `nmt translate`). nmt never calls those helpers, so while sacremoses loads,
+    "joblib" names an empty module; the real joblib is imported as usual by whoever asks for it later."""
+    if "sacremoses" in sys.modules or "joblib" in sys.modules:
+        import sacremoses
+
+        return sacremoses
+    placeholder = types.ModuleType("joblib")
+    placeholder.Parallel = placeholder.delayed = None  # type: ignore[attr-defined]
+    sys.modules["joblib"] = placeholder
+    try:
+        import sacremoses
+    finally:
+        del sys.modules["joblib"]
+    return sacremoses
+
+
+_sacremoses = _import_sacremoses()
+MosesDetokenizer, MosesPunctNormalizer, MosesTokenizer = (
+    _sacremoses.MosesDetokenizer, _sacremoses.MosesPunctNormalizer, _sacremoses.MosesTokenizer)
+
+from subword_nmt.apply_bpe import BPE  # noqa: E402
+
+BPE_SEPARATOR = "@@"
+
+
+@lru_cache(maxsize=8)
+def _tokenizer(lang: str) -> MosesTokenizer:
+    return MosesTokenizer(lang=lang)
+
+
+@lru_cache(maxsize=8)
+def _detokenizer(lang: str) -> MosesDetokenizer:
+    return MosesDetokenizer(lang=lang)
+
+
+@lru_cache(maxsize=8)
+def _normalizer(lang: str) -> MosesPunctNormalizer:
+    return MosesPunctNormalizer(lang=lang, post_remove_control_chars=True)
+
+
+def normalize_punctuation(line: str, lang: str) -> str:
+    """Moses normalize-punctuation.perl, then remove non-printing characters (as fairseq's WMT14 script does)."""
+    return _normalizer(lang).normalize(line)
+
+
+def tokenize(line: str, lang: str, aggressive_dash: bool = True) -> str:
+    """Moses-tokenize one line without XML escaping; hyphens split as ``a @-@ b`` unless told otherwise."""
+    return _tokenizer(lang).tokenize(line, escape=False, aggressive_dash_splits=aggressive_dash, return_str=True)
+
+
+def detokenize(line: str, lang: str) -> str:
+    """Undo `tokenize`: Moses detokenization, with ``@-@`` hyphens joined back."""
+    return _detokenizer(lang).detokenize(line.split(), return_str=True, unescape=False)
+
+
+def remove_bpe(line: str) -> str:
+    """Join BPE pieces (``ne@@ w`` -> ``new``)."""
+    return (line + " ").replace(BPE_SEPARATOR + " ", "").rstrip()
+
+
+def read_codes(path: Path) -> str:
+    """The text of a BPE codes file (subword-nmt's format); one-line NmtError when it is missing, a directory,
+    not UTF-8, or not codes (each line after the optional `#version` header is two symbols)."""
+    from nmt_cli.errors import NmtError
+    from nmt_cli.textio import read_lines
+
+    lines = read_lines(path)
+    for number, line in enumerate(lines, start=1):
+        if number == 1 and line.startswith("#version"):
+            continue
+        if len(line.split()) != 2:
+            raise NmtError(f"{path}:{number}: not a BPE codes file (expected two symbols per line)")
+    return "".join(line + "\n" for line in lines)
+
+
+class BpeApplier:
+    """Applies BPE codes to tokenized lines, caching each word's segmentation."""
+
+    def __init__(self, codes: str, keep: Sequence[str] = ()) -> None:
+        if not [line for line in codes.splitlines() if line.strip() and not line.startswith("#version")]:
+            # Zero merges (a corpus without two-character words): every word splits into its characters.
+            # subword-nmt refuses a codes file without merges, so it gets one that no text can match.
+            codes = codes.rstrip("\n") + "\n\ue000 \ue001\n"
+        self._bpe = BPE(io.StringIO(codes), separator=BPE_SEPARATOR)
+        self._cache: dict[str, str] = {word: word for word in keep}  # words never split (tags)
+
+    def __call__(self, line: str) -> str:
+        """Segment one tokenized line into BPE pieces."""
+        out = []
+        cache = self._cache
+        for word in line.split():
+            pieces = cache.get(word)
+            if pieces is None:
+                pieces = " ".join(self._bpe.segment_tokens([word]))
+                cache[word] = pieces
+            out.append(pieces)
+        return " ".join(out)
+
+
+_COMPOUND = re.compile(r"(\S)-(\S)")
+
+
+def split_compounds(line: str) -> str:
+    """tensor2tensor's get_ende_bleu.sh compound split: ``a-b`` -> ``a ##AT##-##AT## b``."""
+    # One non-overlapping pass, exactly like the script's perl `s{(\S)-(\S)}{...}g`.
+    return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", line)
