@@ -27,7 +27,7 @@ def package_of(module: str) -> str:
 
 def imported_modules(path: Path, modules: set[str]) -> set[str]:
     """The package modules that the file at `path` imports anywhere in its source (TYPE_CHECKING blocks too)."""
-    here = package_of(module_name(path)) if path.name != "__init__.py" else module_name(path.parent)
+    here = ".".join(path.parent.relative_to(PACKAGE).parts)
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
@@ -139,6 +139,32 @@ def test_the_circle_check_finds_one():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c", "a"]]
 
 
+def test_every_import_of_the_package_names_what_exists():
+    """Each `from ... import name` of the package, at a module's top or inside a function (where only running
+    that function would find it wrong), names a module or an attribute that exists."""
+    import importlib.util
+
+    wrong = []
+    for path in PACKAGE.rglob("*.py"):
+        here = ".".join(path.parent.relative_to(PACKAGE).parts)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                parts = here.split(".") if here else []
+                base = ".".join([*parts[: len(parts) - node.level + 1], *([node.module] if node.module else [])])
+                target = "nmt_cli" + (f".{base}" if base else "")
+            elif node.module == "nmt_cli" or (node.module or "").startswith("nmt_cli."):
+                target = node.module
+            else:
+                continue
+            module = importlib.import_module(target)
+            for alias in node.names:
+                if not hasattr(module, alias.name) and importlib.util.find_spec(f"{target}.{alias.name}") is None:
+                    wrong.append(f"{path.relative_to(REPO)}:{node.lineno}: {target} has no {alias.name}")
+    assert not wrong, wrong
+
+
 def test_package_inits_import_nothing_and_the_top_names_the_api():
     """A subpackage's `__init__.py` is its one-sentence docstring; the top one imports none of the package at
     import time (so `import nmt_cli` loads no torch), and each name of its API is defined where it says."""
@@ -146,7 +172,8 @@ def test_package_inits_import_nothing_and_the_top_names_the_api():
         body = ast.parse(init.read_text(encoding="utf-8")).body
         assert len(body) == 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant), init
     top = ast.parse((PACKAGE / "__init__.py").read_text(encoding="utf-8"))
-    assert not [n for n in ast.walk(top) if isinstance(n, ast.ImportFrom) and (n.level or "nmt_cli" in (n.module or ""))]
+    own = [n for n in ast.walk(top) if isinstance(n, ast.ImportFrom) and (n.level or "nmt_cli" in (n.module or ""))]
+    assert not own
     import nmt_cli
 
     for name, module in nmt_cli.API.items():

@@ -31,7 +31,7 @@ AVERAGE_ALIASES = {"--inputs": "", "--num-update-checkpoints": "--last", "--num-
 
 def _version(value: bool) -> None:
     if value:
-        from . import __version__
+        from nmt_cli import __version__
 
         typer.echo(f"nmt {__version__}")
         raise typer.Exit()
