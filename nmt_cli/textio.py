@@ -275,6 +275,33 @@ def export_kind(folder: Path) -> str | None:
         return None
 
 
+def prepared_names(meta: dict) -> set[str]:
+    """The names of the entries `nmt prepare` and `nmt binarize` write into a data dir described by `meta`."""
+    langs = (meta.get("source_lang"), meta.get("target_lang"))
+    names = {"meta.json", "vocab.txt", "bpe.codes", "spm.model"}
+    splits = meta.get("splits")
+    for split in splits if isinstance(splits, dict) else {}:
+        names |= {f"{split}.{lang}.{kind}" for lang in langs for kind in ("bin", "idx")}
+        names |= {f"{split}.{kind}.{lang}" for lang in langs for kind in ("raw", "bpe")}
+    return names
+
+
+def is_prepared_data_dir(folder: Path) -> bool:
+    """Whether `folder` is a data dir as nmt prepare leaves it: its meta.json is nmt's (a format number, the
+    languages, the splits) and the folder holds nothing else than what that meta.json says was written, so that
+    --force replaces a data dir but never a folder of the user's that merely holds a file named meta.json."""
+    text = read_small_file(folder / "meta.json")
+    try:
+        meta = json.loads(text) if text else None
+    except ValueError:
+        return False
+    if not (isinstance(meta, dict) and isinstance(meta.get("format"), int) and isinstance(meta.get("splits"), dict)
+            and isinstance(meta.get("source_lang"), str) and isinstance(meta.get("target_lang"), str)):
+        return False
+    return all(entry.name in prepared_names(meta) and entry.is_file() and not entry.is_symlink()
+               for entry in folder.iterdir())
+
+
 def describe_path(path: Path) -> str:
     """What a user would call the thing at `path`, in a few words: a file, a save dir, a data dir, an export."""
     if path.is_symlink():
@@ -283,9 +310,18 @@ def describe_path(path: Path) -> str:
         return "a file"
     if (kind := export_kind(path)) is not None:
         return f"an nmt export for {kind}"
-    if (path / "meta.json").is_file():
-        return "a data dir of nmt prepare"
     entries = list(path.iterdir())
+    if is_prepared_data_dir(path):
+        return "a data dir of nmt prepare"
+    if (path / "meta.json").is_file():
+        try:
+            meta = json.loads(read_small_file(path / "meta.json") or "")
+        except ValueError:
+            meta = None
+        others = sorted(e.name for e in entries if e.name not in prepared_names(meta if isinstance(meta, dict) else {}))
+        if not others:
+            return "a folder with a meta.json that nmt prepare did not write"
+        return f"a folder with a meta.json and {_count(len(others), 'entry')} nmt prepare does not write ({others[0]})"
     checkpoints = sum(1 for e in entries if e.suffix == ".pt")
     if checkpoints:
         return f"a folder with {_count(checkpoints, 'checkpoint')} (.pt) among {_count(len(entries), 'entry')}"

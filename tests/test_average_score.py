@@ -82,7 +82,20 @@ def test_average_refuses_mismatched_checkpoints(two_checkpoints, tmp_path):
     state["config"] = {**state["config"], "ffn": 256}
     save_checkpoint(state, tmp_path / "other_config.pt")
     r = run_cli("average", two_checkpoints / "checkpoint_3.pt", tmp_path / "other_config.pt", "-o", tmp_path / "x.pt")
-    expect_error(r, "config differs")
+    expect_error(r, "config differs", "(ffn 128 -> 256)")
+
+
+def test_average_takes_checkpoints_that_differ_only_in_dropout(two_checkpoints, tmp_path):
+    """A run resumed with another dropout holds the same network: its checkpoints average with the earlier ones,
+    exactly as if the configs were equal."""
+    state = load_checkpoint(two_checkpoints / "checkpoint_6.pt")
+    state["config"] = {**state["config"], "dropout": 0.3, "attention_dropout": 0.1, "activation_dropout": 0.2}
+    save_checkpoint(state, tmp_path / "resumed.pt")
+    first = two_checkpoints / "checkpoint_3.pt"
+    assert run_cli("average", first, tmp_path / "resumed.pt", "-o", tmp_path / "mixed.pt").exit_code == 0
+    assert run_cli("average", first, two_checkpoints / "checkpoint_6.pt", "-o", tmp_path / "same.pt").exit_code == 0
+    mixed, same = load_checkpoint(tmp_path / "mixed.pt"), load_checkpoint(tmp_path / "same.pt")
+    assert all(torch.equal(mixed["model"][k], same["model"][k]) for k in same["model"])
 
 
 HYPS = ["The cat sat on the mat.", "A man rides a well-known bike.", "Two dogs play in the snow!"]

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from nmt_cli.decode.translate import Translator
 from nmt_cli.model.checkpoint import load_checkpoint, save_checkpoint
 
 from .conftest import expect_error, run_cli, write_task
@@ -353,3 +354,22 @@ def test_distillation_refuses_a_teacher_of_another_pair_or_other_data(toy_model,
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and fragment in err and str(toy_model) in err, err
         assert not (out / "corpora").exists()
+
+
+def test_file_outputs_are_replaced_whole_and_their_missing_folders_made(toy_model, tmp_path):
+    """The rule of docs/commands.md for every command that writes a file: missing folders above it are made, an
+    existing file is replaced (by the complete new one), and no temporary file stays beside it."""
+    source = tmp_path / "in.en"
+    source.write_text("W1 W2 W3 .\nW4 W5 .\n", encoding="utf-8")
+    out = tmp_path / "new" / "deeper" / "out.de"
+    model = tmp_path / "other" / "place" / "model.pt"
+    for _ in range(2):  # made, then replaced
+        assert run_cli("translate", "-m", toy_model, "-i", source, "-o", out, "--greedy").exit_code == 0
+        assert run_cli("average", toy_model, toy_model, "-o", model).exit_code == 0
+        out.write_text("stale\n")
+    assert run_cli("translate", "-m", toy_model, "-i", source, "-o", out, "--greedy").exit_code == 0
+    assert out.read_text(encoding="utf-8").splitlines() == Translator.from_checkpoint(toy_model).translate(
+        ["W1 W2 W3 .", "W4 W5 ."], greedy=True)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["out.de"]
+    assert sorted(p.name for p in model.parent.iterdir()) == ["model.pt"]
+    assert load_checkpoint(model)["averaged_from"] == [str(toy_model)] * 2

@@ -15,6 +15,7 @@ import torch
 
 from nmt_cli.decode.sampling import Sampling
 from nmt_cli.decode.search import sample_search
+from nmt_cli.decode.steering import draw
 from nmt_cli.decode.translate import Translator
 from nmt_cli.model.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from nmt_cli.model.transformer import Transformer
@@ -328,3 +329,85 @@ def test_the_server_samples_prefixes_and_constrains_per_request_and_refuses_bad_
                 ({"text": ["a"], "no_repeat_ngram": -2}, 422, "\"no_repeat_ngram\" must be between")):
             got, answer = server.post(body)
             assert got == status and fragment in answer["error"], (body, answer)
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(topk=5), Sampling(topp=0.9), Sampling(temperature=0.5),
+                                      Sampling(topk=200, topp=0.5)], ids=str)
+def test_a_draw_gives_a_token_with_probability_whatever_the_uniform(sampling):
+    """Uniforms at both ends of [0, 1), float64 as the search draws them (1 - 2^-30 rounds to 1.0 in float32):
+    every draw is a token the (truncated) distribution gives mass, never a banned token or a padding row."""
+    torch.manual_seed(0)
+    real, rows = 70, 128  # the vocabulary, and the rows of the padded output layer
+    log_probs = torch.full((rows,), -math.inf)
+    log_probs[:real] = torch.randn(real).log_softmax(-1)
+    log_probs[[0, 3, real - 1]] = -math.inf  # banned tokens, one of them the last real one
+    uniforms = torch.tensor([0.0, 2.0**-60, 0.5, 1 - 2.0**-24, 1 - 2.0**-25, 1 - 2.0**-30, 1 - 2.0**-53],
+                            dtype=torch.float64)
+    tokens = draw(log_probs.expand(len(uniforms), rows).clone(), uniforms, sampling)
+    order = (log_probs / sampling.temperature).softmax(-1).sort(descending=True)
+    allowed = order.indices[: sampling.topk] if sampling.topk else order.indices
+    if sampling.topp < 1:
+        probs = order.values[: len(allowed)] / order.values[: len(allowed)].sum()
+        allowed = allowed[: int(((probs.cumsum(0) - probs) < sampling.topp).sum())]
+    allowed = {t for t in allowed.tolist() if log_probs[t] > -math.inf}
+    assert set(tokens.tolist()) <= allowed, (tokens.tolist(), sorted(allowed))
+
+
+def test_a_prefix_that_repeats_an_ngram_is_followed_whole_under_the_ban(translator, val):
+    """Forced tokens are exempt from --no-repeat-ngram: a prefix with a repeated bigram starts every output
+    (greedy, beam, sampling), in a batch beside lines without a prefix, and after it no bigram repeats."""
+    lines = val[0][:4]
+    prefixes = ["Ein Mann Ein Mann", "", "Ein Hund und ein Hund und", ""]
+    forced = [translator.vocab.encode(translator.segmenter.segment(p, "de")) if p else [] for p in prefixes]
+    assert repeats_a_bigram(forced[0]) and repeats_a_bigram(forced[2])
+    for options in (dict(greedy=True), dict(beam=4), dict(sampling=Sampling(seed=2))):
+        ids: list = []
+        translator.translate_nbest(lines, prefixes=prefixes, no_repeat_ngram=2, ids_out=ids, **options, **SHORT)
+        for (_, out), prefix in zip(ids, forced):
+            assert out[: len(prefix)] == prefix, options
+            bigrams = list(zip(out, out[1:]))
+            assert all(bigrams[i] not in bigrams[:i] for i in range(max(0, len(prefix) - 1), len(bigrams))), options
+
+
+def test_the_search_and_the_pipeline_share_one_length_limit(translator):
+    """search.max_lengths (on tensors, in the search) equals the pipeline's limit (the CTranslate2 engine's and
+    the constraint checks') over a grid of a, b and source lengths, the model's positions included."""
+    from nmt_cli.decode.search import max_lengths
+
+    pad, eos = translator.vocab.pad, translator.vocab.eos
+    lengths = list(range(0, 160)) + [1000]
+    src = torch.full((len(lengths), max(lengths) + 1), pad)
+    for row, n in enumerate(lengths):
+        src[row, :n] = 7
+        src[row, n] = eos
+    for a in [i / 10 for i in range(0, 31)] + [0.33, 1.15, 2.2]:
+        for b in (0, 5, 50, 200):
+            tensor = max_lengths(src, pad, eos, a, b, translator.max_positions).tolist()
+            assert tensor == [translator.max_output_tokens(n, a, b) for n in lengths], (a, b)
+    assert translator.max_output_tokens(90, 0.7, 0) == 62  # 0.7 * 90 = 62.99999999999999 in double precision
+
+
+def test_constraints_track_overlapping_matches():
+    """A failed partial match falls back to the longest one still alive, and phrases that overlap are all met:
+    on random outputs, a sentence's constraints are complete exactly when every phrase occurs in the output, and
+    only a token `wanted` names moves a hypothesis's bank up."""
+    from nmt_cli.decode.constraints import START, Phrases, bank
+
+    def met(phrases: list[list[int]], output: list[int]):
+        rule, progress = Phrases(tuple(map(tuple, phrases))), START
+        for token in output:
+            after = rule.advance(progress, token)
+            assert bank(after) <= bank(progress) or token in rule.wanted(progress)  # progress only by wanted tokens
+            progress = after
+        return rule.complete(progress), progress
+
+    assert met([[1, 1, 2]], [1, 1, 1, 2])[0]
+    assert met([[7], [7, 8]], [7, 8])[0]
+    assert met([[1, 2, 1, 3]], [1, 2, 1, 2, 1, 3])[0]
+    assert not met([[1, 2]], [1, 3, 2])[0]
+    rng = random.Random(3)
+    for _ in range(3000):
+        phrases = [[rng.randint(1, 3) for _ in range(rng.randint(1, 4))] for _ in range(rng.randint(1, 3))]
+        output = [rng.randint(1, 3) for _ in range(rng.randint(0, 12))]
+        occurs = all(any(output[i : i + len(p)] == p for i in range(len(output))) for p in phrases)
+        assert met(phrases, output)[0] == occurs, (phrases, output)

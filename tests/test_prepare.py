@@ -323,6 +323,27 @@ def test_force_replaces_only_a_data_dir_prepare_made(toy_data, tmp_path):
     assert run_cli(*args, tmp_path / "data").exit_code == 0  # and a data dir is replaced as before
     assert run_cli(*args, tmp_path / "data").exit_code == 0
 
+    # A file named meta.json does not make a folder a data dir, nor does a data dir's meta.json make a user's
+    # file beside it one of nmt's.
+    lookalike = tmp_path / "lookalike"
+    lookalike.mkdir()
+    (lookalike / "meta.json").write_text('{"format": 1}\n')
+    (lookalike / "precious.txt").write_text("mine\n")
+    expect_error(run_cli(*args, lookalike), "lookalike: a folder with a meta.json and 1 entry nmt prepare does not "
+                 "write (precious.txt)", "the only folder --force replaces")
+    (tmp_path / "data" / "precious.txt").write_text("mine\n")
+    expect_error(run_cli(*args, tmp_path / "data"), "(precious.txt)", "the only folder --force replaces")
+    assert (lookalike / "precious.txt").exists() and (tmp_path / "data" / "precious.txt").exists()
+    (tmp_path / "data" / "precious.txt").unlink()
+    assert run_cli(*args, tmp_path / "data").exit_code == 0
+
+    # An --out that holds an input: refused before anything is deleted.
+    for side in ("en", "de"):
+        (tmp_path / "data" / f"train.{side}").write_text((raw / f"train.{side}").read_text())
+    inside = [*args[:6], tmp_path / "data" / "train", *args[7:], tmp_path / "data"]
+    expect_error(run_cli(*inside), "data: holds the input file", "train.en", "choose another --out")
+    assert (tmp_path / "data" / "train.en").exists() and (tmp_path / "data" / "meta.json").exists()
+
 
 def test_a_corpus_without_two_character_words_learns_no_merges(tmp_path):
     """No word of two or more characters: nothing for BPE to merge; prepare writes zero merges instead of a

@@ -455,3 +455,29 @@ def test_serve_flags_reach_their_limits(monkeypatch, tmp_path):
     assert (limits.max_batch, limits.max_tokens, limits.batch_wait_ms, limits.max_queue, limits.max_sentences,
             limits.max_chars, limits.max_body_bytes, limits.max_work, limits.cache_mb, limits.shutdown_seconds,
             limits.trim_seconds) == (8, 300, 2.0, 99, 9, 77, 5000, 1234, 3.0, 7.0, ServeLimits().trim_seconds)
+
+
+def test_a_line_that_breaks_the_search_fails_its_own_request_only(translator, sentences):
+    """An error other than bad input (here a RuntimeError the search raises on one line) in a batch of several
+    requests: that request gets its 500, the others their translations, as if each had come alone."""
+
+    class Breaks:
+        """The translator, except that a batch holding the line "boom" raises as a broken search would."""
+
+        def __getattr__(self, name):
+            return getattr(translator, name)
+
+        def translate_nbest(self, lines, *args, **kwargs):
+            if "boom" in lines:
+                raise RuntimeError("index out of range")
+            return translator.translate_nbest(lines, *args, **kwargs)
+
+    bodies = [{"text": sentences[:3]}, {"text": ["boom"]}, {"text": sentences[3:5]}]
+    with Server(Breaks(), ServeLimits(batch_wait_ms=500)) as server:
+        with ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(server.post, bodies))
+        assert server.get("/health")[0] == 200
+    assert [status for status, _ in answers] == [200, 500, 200], answers
+    assert "RuntimeError: index out of range" in answers[1][1]["error"]
+    assert answers[0][1]["translations"] == translator.translate(sentences[:3])
+    assert answers[2][1]["translations"] == translator.translate(sentences[3:5])

@@ -43,7 +43,15 @@ from nmt_cli.text.segment import (
     train_sentencepiece,
 )
 from nmt_cli.text.vocab import Vocabulary
-from nmt_cli.textio import atomic_path, check_replaceable, file_sha256, iter_lines, publish_directory, staging_directory
+from nmt_cli.textio import (
+    atomic_path,
+    check_replaceable,
+    file_sha256,
+    is_prepared_data_dir,
+    iter_lines,
+    publish_directory,
+    staging_directory,
+)
 
 from .binarized import BinarizedWriter, token_dtype
 from .workers import ordered_map
@@ -306,7 +314,14 @@ def _check_options(opts: PrepareOptions) -> Path:
         raise NmtError(f"source and target language are both {opts.source_lang!r}")
     check_tags(opts.tags)
     out = Path(opts.out)
-    check_replaceable(out, opts.force, "a data dir of nmt prepare", lambda f: (f / "meta.json").is_file(), "--out")
+    if opts.force and out.is_dir():
+        inputs = [Path(f"{prefix}.{lang}{gz}") for prefix in (opts.train, opts.valid, *opts.test)
+                  for lang in (opts.source_lang, opts.target_lang) for gz in ("", ".gz")]
+        inside = [p for p in [*inputs, *([opts.from_model] if opts.from_model else [])]
+                  if p.exists() and out.resolve() in p.resolve().parents]
+        if inside:
+            raise NmtError(f"{out}: holds the input file {inside[0]}, which --force would delete: choose another --out")
+    check_replaceable(out, opts.force, "a data dir of nmt prepare", is_prepared_data_dir, "--out")
     return out
 
 

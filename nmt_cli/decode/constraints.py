@@ -8,10 +8,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-# A hypothesis's progress: (bitmask of the phrases met, the phrase it is inside or -1, tokens of it matched,
-# constraint tokens met in all: its bank).
-Progress = tuple[int, int, int, int]
-START: Progress = (0, -1, 0, 0)
+# A hypothesis's progress: (bitmask of the phrases met, its last output tokens (as many as the longest phrase
+# less one: enough to hold any partial match), constraint tokens met in all: its bank).
+Progress = tuple[int, tuple[int, ...], int]
+START: Progress = (0, (), 0)
+
+
+def bank(progress: Progress) -> int:
+    """Constraint tokens met: every token of the phrases met, and the longest partial match of an unmet one."""
+    return progress[2]
 
 
 @dataclass(frozen=True)
@@ -24,28 +29,31 @@ class Phrases:
     def all_met(self) -> int:
         return (1 << len(self.phrases)) - 1
 
+    def _partial(self, met: int, tail: tuple[int, ...]) -> list[tuple[int, int]]:
+        """(phrase, tokens of it matched) for every unmet phrase whose first tokens end `tail`, however many
+        (0 included): overlapping matches are all kept, as an Aho-Corasick automaton's states would be, so a
+        failed match falls back to the longest one still alive ("a a a b" meets "a a b")."""
+        return [(c, k) for c, phrase in enumerate(self.phrases) if not met >> c & 1
+                for k in range(min(len(phrase) - 1, len(tail)), -1, -1) if tail[len(tail) - k :] == phrase[:k]]
+
     def advance(self, progress: Progress, token: int) -> Progress:
-        """The progress after `token`. Inside a phrase, the next token of it moves on (the last one meets
-        it); any other token drops the partial match, and may start an unmet phrase itself."""
-        met, current, matched, bank = progress
-        if current >= 0:
-            phrase = self.phrases[current]
-            if token == phrase[matched]:
-                if matched + 1 == len(phrase):
-                    return met | (1 << current), -1, 0, bank + 1
-                return met, current, matched + 1, bank + 1
-            bank -= matched
+        """The progress after `token`: every unmet phrase that the output now ends with is met (several at once
+        with "x" and "x y" after "x y"), and the bank counts the met phrases' tokens and the longest partial
+        match of an unmet one."""
+        met, tail, _ = progress
+        keep = max(map(len, self.phrases)) - 1
+        tail = (*tail, token)
         for c, phrase in enumerate(self.phrases):
-            if not met >> c & 1 and phrase[0] == token:
-                return (met | (1 << c), -1, 0, bank + 1) if len(phrase) == 1 else (met, c, 1, bank + 1)
-        return met, -1, 0, bank
+            if not met >> c & 1 and tail[-len(phrase) :] == phrase:
+                met |= 1 << c
+        tail = tail[-keep:] if keep else ()
+        matched = max((k for _, k in self._partial(met, tail)), default=0)
+        return met, tail, sum(len(p) for c, p in enumerate(self.phrases) if met >> c & 1) + matched
 
     def wanted(self, progress: Progress) -> list[int]:
-        """Tokens that make progress: the next of the phrase being matched, the first of each unmet one."""
-        met, current, matched, _ = progress
-        tokens = [self.phrases[current][matched]] if current >= 0 else []
-        tokens += [p[0] for c, p in enumerate(self.phrases) if not met >> c & 1 and c != current]
-        return list(dict.fromkeys(tokens))
+        """Tokens that make progress: the next token of each partial match, the first of each unmet phrase."""
+        met, tail, _ = progress
+        return list(dict.fromkeys(self.phrases[c][k] for c, k in self._partial(met, tail)))
 
     def complete(self, progress: Progress) -> bool:
         return progress[0] == self.all_met
@@ -64,9 +72,9 @@ def allocate(candidates: Sequence[Candidate], beam: int) -> list[Candidate]:
     seen: dict[int, int] = {}
     order = []
     for c in ranked:
-        bank = c[3][3]
-        rank = seen.get(bank, 0)
-        seen[bank] = rank + 1
-        order.append((rank, -bank, c))
+        tokens_met = bank(c[3])
+        rank = seen.get(tokens_met, 0)
+        seen[tokens_met] = rank + 1
+        order.append((rank, -tokens_met, c))
     order.sort(key=lambda t: (t[0], t[1]))
     return sorted((c for _, _, c in order[:beam]), key=lambda c: -c[0])

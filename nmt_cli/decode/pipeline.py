@@ -14,6 +14,7 @@ from nmt_cli.errors import NmtError
 from nmt_cli.text.segment import Segmenter
 from nmt_cli.text.vocab import Vocabulary
 
+from .lengths import max_output_tokens
 from .sampling import Sampling
 
 PAPER_DECODING = {"beam": 4, "lenpen": 0.6}  # section 6.1: beam 4, length penalty alpha 0.6
@@ -125,9 +126,9 @@ class TextTranslator:
         return self.segmenter.desegment(self.vocab.decode(ids), self.target_lang)
 
     def max_output_tokens(self, source_len: int, max_len_a: float, max_len_b: int) -> int:
-        """The most output tokens before </s> for a source of `source_len` tokens (no </s>): a * len + b, within
-        the model's positions (`search.max_lengths` computes the same on tensors)."""
-        return max(0, min(int(source_len * max_len_a + max_len_b), self.max_positions - 2))
+        """The most output tokens before </s> for a source of `source_len` tokens (no </s>): `lengths`' formula,
+        which the search uses too."""
+        return max_output_tokens(source_len, max_len_a, max_len_b, self.max_positions)
 
     def batches(self, lengths: list[int], batch_size: int, max_tokens: int | None) -> list[list[int]]:
         """Indices grouped into batches, longest sentences first; by count, or by padded tokens with max_tokens."""

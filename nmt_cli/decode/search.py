@@ -13,6 +13,7 @@ from nmt_cli.model.ops import linear_log_softmax, topk_rows
 from nmt_cli.model.transformer import CachePool, DecoderState, Transformer
 
 from .constraints import START, Candidate, Phrases, allocate
+from .lengths import max_output_tokens
 from .sampling import Sampling
 from .steering import Steering, StepRules, draw
 
@@ -110,9 +111,9 @@ def staying_order(done: list[bool], device: torch.device) -> Tensor:
 
 
 def max_lengths(src: Tensor, pad: int, eos: int, a: float, b: int, limit: int) -> Tensor:
-    """Per sentence, the most output tokens before </s>: a * source length + b, within the model's positions."""
-    src_len = ((src != pad) & (src != eos)).sum(1)
-    return (src_len.float() * a + b).floor().long().clamp(min=0, max=limit - 2)
+    """Per sentence, the most output tokens before </s> (`lengths.max_output_tokens`), as a tensor."""
+    src_len = ((src != pad) & (src != eos)).sum(1).tolist()  # once per search
+    return torch.tensor([max_output_tokens(n, a, b, limit) for n in src_len], dtype=torch.long, device=src.device)
 
 
 @torch.inference_mode()

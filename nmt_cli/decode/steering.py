@@ -52,17 +52,21 @@ class StepRules:
     def apply(self, log_probs: Tensor, history: Tensor, sentence_of_row: Tensor, step: int) -> None:
         """Edit log_probs (N, V) in place for the rows' next token: -inf for a token that would repeat an
         n-gram of the row's output so far (history (N, step + 1): <s>, then the output), and every token but
-        the prefix's at a step inside the row's sentence's prefix (which keeps its log-probability)."""
-        if self.ngram:
-            ban_repeated_ngrams(log_probs, history[:, 1:], self.ngram)
+        the prefix's at a step inside the row's sentence's prefix. A forced token keeps its log-probability and
+        is exempt from the n-gram rule: a prefix that itself repeats an n-gram is still followed whole."""
+        forced: tuple[Tensor, Tensor, Tensor] | None = None
         if self.prefix is not None and self.prefix_len is not None and step < self.prefix.shape[1]:
             forcing = self.prefix_len[sentence_of_row] > step
             if bool(forcing.any()):
                 rows = forcing.nonzero().squeeze(1)
                 token = self.prefix[sentence_of_row[rows], step]
-                kept = log_probs[rows, token]
-                log_probs[rows] = -math.inf
-                log_probs[rows, token] = kept
+                forced = rows, token, log_probs[rows, token]  # read before the n-gram rule can ban the token
+        if self.ngram:
+            ban_repeated_ngrams(log_probs, history[:, 1:], self.ngram)
+        if forced is not None:
+            rows, token, kept = forced
+            log_probs[rows] = -math.inf
+            log_probs[rows, token] = kept
 
 
 def ban_repeated_ngrams(log_probs: Tensor, output: Tensor, n: int) -> None:
@@ -99,6 +103,10 @@ def draw(log_probs: Tensor, uniforms: Tensor, sampling: Sampling) -> Tensor:
         # before it is still below topp.
         probs = probs * ((probs.cumsum(-1) - probs) < sampling.topp)
     cdf = probs.cumsum(-1)
-    target = (uniforms.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1)
-    pick = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.shape[1] - 1)
+    total = cdf[:, -1:]
+    # The first column whose cumulative mass exceeds u * total. Kept below the total (a float64 uniform near 1
+    # rounds to 1.0 in float32), so a column with mass is always found: one whose mass is zero (a banned token,
+    # a padding row, one cut by top-k or top-p) can never come out, whatever the uniform.
+    target = torch.minimum(uniforms.to(cdf.dtype).unsqueeze(1) * total, torch.nextafter(total, torch.zeros_like(total)))
+    pick = torch.searchsorted(cdf, target, right=True)
     return (pick if columns is None else columns.gather(1, pick)).squeeze(1)

@@ -22,7 +22,7 @@ from nmt_cli.text.vocab import Vocabulary
 from nmt_cli.textio import atomic_path
 
 from .files import TRANSFORMERS_FOLDER, checkpoint_hint, is_transformers_folder
-from .transformer import ModelConfig, Transformer
+from .transformer import ModelConfig, Transformer, architecture_differences
 
 FORMAT = "nmt-checkpoint-2"  # 2: carries the SHA-256 of its payload; 1 (no checksum) still loads
 FORMATS = ("nmt-checkpoint-1", FORMAT)
@@ -166,7 +166,8 @@ SELF_CONTAINED_KEYS = ("config", "vocab", "bpe_codes", "sentencepiece", "source_
 def average_checkpoints(paths: Sequence[str | Path]) -> dict:
     """Element-wise mean of the models' parameters (accumulated in fp32), with the metadata of the last one.
 
-    Refuses checkpoints whose config or vocabulary differ. Training state (optimizer, RNG) is dropped.
+    Refuses checkpoints of different architectures (dropout may differ: `TRAINING_ONLY`) or vocabularies.
+    Training state (optimizer, RNG) is dropped.
     """
     if not paths:
         raise NmtError("no checkpoints to average")
@@ -175,8 +176,9 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict:
     last = first
     for path in paths[1:]:
         state = load_checkpoint(path)
-        if state["config"] != first["config"]:
-            raise NmtError(f"{path}: model config differs from {paths[0]}; cannot average")
+        if differ := architecture_differences(first["config"], state["config"]):
+            changed = ", ".join(f"{k} {first['config'].get(k)} -> {state['config'].get(k)}" for k in differ)
+            raise NmtError(f"{path}: model config differs from {paths[0]} ({changed}); cannot average")
         if state["vocab"] != first["vocab"]:
             raise NmtError(f"{path}: vocabulary differs from {paths[0]}; cannot average")
         for k, v in state["model"].items():

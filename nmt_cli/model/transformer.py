@@ -61,6 +61,18 @@ class ModelConfig:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
+# Settings that act only while training: checkpoints that differ in them (a run resumed with another dropout)
+# hold the same network, and can be averaged.
+TRAINING_ONLY = ("dropout", "attention_dropout", "activation_dropout")
+
+
+def architecture_differences(a: dict, b: dict) -> list[str]:
+    """The fields of two saved configs (older ones read with today's defaults) that define different networks:
+    every field but the training-only ones."""
+    first, second = asdict(ModelConfig.from_dict(a)), asdict(ModelConfig.from_dict(b))
+    return [k for k in first if k not in TRAINING_ONLY and first[k] != second[k]]
+
+
 PRESETS: dict[str, dict] = {
     "tiny": dict(layers=2, d_model=64, ffn=128, heads=4, dropout=0.1),
     "small": dict(layers=3, d_model=256, ffn=1024, heads=4, dropout=0.3),

@@ -165,11 +165,10 @@ class Batcher:
             sentences = [s for job in batch for s in job.sentences]
             try:
                 outcome: dict[int, Any] = await loop.run_in_executor(self._executor, self._translate, batch)
-            except NmtError as e:
-                # One request's prefix or constraints that cannot be honoured fails that request only.
+            except Exception as e:  # noqa: BLE001 - each job gets its own outcome
+                # A request whose prefix or constraints cannot be honoured (NmtError: its 4xx), or whose line breaks
+                # the search (anything else: a 500), fails that request only: the others are translated alone.
                 outcome = {0: e} if len(batch) == 1 else await self._one_by_one(batch)
-            except Exception as e:  # anything else is the server's fault
-                outcome = {j: e for j in range(len(batch))}
             try:
                 answered = 0
                 for j, job in enumerate(batch):
