@@ -170,8 +170,15 @@ def test_checkpoints_that_are_text_averaged_or_malicious(toy_model, toy_data, tm
 
     text = tmp_path / "notes.txt"
     text.write_text("not a model\n")
-    expect_error(run_cli("translate", "-m", text, input="W1.\n"), "notes.txt", "not a readable checkpoint")
-    expect_error(run_cli("average", text, toy_model, "-o", tmp_path / "avg.pt"), "notes.txt")
+    expect_error(run_cli("translate", "-m", text, input="W1.\n"), "notes.txt: a text file, not a checkpoint")
+    expect_error(run_cli("average", text, toy_model, "-o", tmp_path / "avg.pt"), "notes.txt: a text file")
+    (tmp_path / "empty.pt").write_bytes(b"")
+    (tmp_path / "image.pt").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
+    expect_error(run_cli("translate", "-m", tmp_path / "empty.pt", input="W1.\n"), "empty.pt: an empty file")
+    expect_error(run_cli("translate", "-m", tmp_path / "image.pt", input="W1.\n"), "a binary file of another kind")
+    expect_error(run_cli("translate", "-m", toy_data, input="W1.\n"), "a data dir of nmt prepare, not a model")
+    expect_error(run_cli("train", toy_data / "meta.json", "--save-dir", tmp_path / "s", "--quiet"),
+                 "meta.json: a file, not a data dir")
 
     class Evil:
         def __reduce__(self):
@@ -245,7 +252,7 @@ def test_errors_say_what_the_wrong_thing_is(toy_model, toy_data, raw, tmp_path):
     expect_error(run_cli("train", save_dir, "--save-dir", tmp_path / "s", "--quiet"), "a save dir of nmt train",
                  "--out folder of nmt prepare")
     expect_error(run_cli("train", raw, "--save-dir", tmp_path / "s", "--quiet"), "raw text?", "nmt prepare")
-    expect_error(run_cli("translate", "-m", save_dir, input="W1.\n"), "a folder without model.bin",
+    expect_error(run_cli("translate", "-m", save_dir, input="W1.\n"), "checkpoints (.pt) among", "not a model",
                  f"did you mean {save_dir / 'checkpoint_best.pt'}?")
     expect_error(run_cli("train", toy_data, "--save-dir", tmp_path / "ft", "--init-from", save_dir, "--quiet"),
                  "is a directory, expected a checkpoint file", f"did you mean {save_dir / 'checkpoint_best.pt'}?")

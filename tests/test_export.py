@@ -15,7 +15,7 @@ import torch
 from nmt_cli.decode.translate import Translator
 from nmt_cli.export.engines import load_translator
 from nmt_cli.model.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
-from nmt_cli.model.transformer import Transformer
+from nmt_cli.model.transformer import Transformer, count_parameters
 
 from .conftest import expect_error, require_extra, run_cli, threshold
 
@@ -169,6 +169,13 @@ def test_exported_folder_is_self_contained(multi30k_tiny, exported):
     assert (folder / "vocab.txt").read_text(encoding="utf-8").splitlines() == state["vocab"]
     assert (folder / "model.bin").stat().st_size > 0
     assert not list(folder.parent.glob(".*.tmp"))
+    # The parameter count leaves out the padding rows the export strips, as nmt's own tables and /info do.
+    model, vocab = model_from_checkpoint(state)
+    padding = (model.config.rows - len(vocab)) * model.config.d_model
+    assert padding > 0 and meta["parameters"] == count_parameters(model) == sum(
+        p.numel() for p in model.parameters()) - padding
+    assert CTranslate2Translator.from_dir(folder).describe()["parameters"] == meta["parameters"]
+    assert Translator.from_checkpoint(multi30k_tiny[0]).describe()["parameters"] == meta["parameters"]
 
 
 def test_cli_export_then_translate_without_torch(multi30k_tiny, tmp_path, val):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt_cli.model.checkpoint import load_checkpoint
+from nmt_cli.model.checkpoint import load_checkpoint, numbered_checkpoints
 from nmt_cli.training import trainer as train_module
 from nmt_cli.training.trainer import TrainOptions, train
 
@@ -656,3 +656,48 @@ def test_one_save_under_several_names_is_one_file_and_names_stay_independent(tmp
     assert load_checkpoint(names[2])["updates"] == 2 and torch.equal(load_checkpoint(names[2])["model"]["w"],
                                                                      torch.ones(3))
     assert load_checkpoint(names[1])["updates"] == 4
+
+
+def test_a_full_disk_during_a_save_is_one_line_and_the_next_run_sets_the_dead_runs_checkpoints_aside(toy_data,
+                                                                                                      tmp_path):
+    """A save that cannot be written (here: over the process's file-size limit, which fails torch's writer as a
+    full disk does) stops `nmt train` with one line and exit code 2, no traceback. That run saved numbered
+    checkpoints but no checkpoint_last.pt: the next run in the same save dir says in one line that it starts
+    afresh and moves them aside, so `nmt average --last` reads the new run's only; checkpoints of two runs are
+    never averaged together."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    save = tmp_path / "run"
+    train = ["train", toy_data, "--save-dir", save, "--arch", "tiny", "--max-tokens", "256", "--warmup", "10",
+             "--save-interval-updates", "2", "--device", "cpu", "--quiet"]
+
+    def limited() -> None:  # checkpoints of the tiny model are ~1 MB; the log and options stay far below
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (600_000, 600_000))
+
+    first = subprocess.run([sys.executable, "-m", "nmt_cli", *map(str, train), "--max-updates", "8",
+                            "--background-save"], preexec_fn=limited, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 2, first.stderr
+    assert "Traceback" not in first.stderr and len(first.stderr.strip().splitlines()) == 1, first.stderr
+    assert "checkpoint_2.pt: cannot write (the write failed" in first.stderr
+    assert not (save / "checkpoint_last.pt").exists() and not list(save.glob("*.tmp")) and not list(save.glob(".*.tmp"))
+
+    # A dead run's numbered checkpoints, as a disk freed too late leaves them: the next run sets them aside.
+    for updates in (2, 4):
+        assert run_cli("train", *train[1:], "--max-updates", str(updates), "--seed", "7").exit_code == 0
+    (save / "checkpoint_last.pt").unlink()
+    dead = load_checkpoint(save / "checkpoint_4.pt")["run"]
+    result = run_cli(*train, "--max-updates", "6")
+    assert result.exit_code == 0, result.output
+    assert "starting afresh" in result.stderr and f"moved to {save / 'earlier-run-1'}" in result.stderr
+    aside = save / "earlier-run-1"
+    assert [p.name for p in numbered_checkpoints(aside)] == ["checkpoint_2.pt", "checkpoint_4.pt"]
+    assert (aside / "checkpoint_best.pt").exists() and (aside / "train.jsonl").exists()
+    assert [p.name for p in numbered_checkpoints(save)] == ["checkpoint_2.pt", "checkpoint_4.pt", "checkpoint_6.pt"]
+    assert {load_checkpoint(p)["run"] for p in numbered_checkpoints(save)} != {dead}
+    assert run_cli("average", "--last", "3", save, "-o", tmp_path / "avg.pt").exit_code == 0
+    expect_error(run_cli("average", save / "earlier-run-1" / "checkpoint_4.pt", save / "checkpoint_6.pt", "-o",
+                         tmp_path / "mixed.pt"), "from another training run", "checkpoint_4.pt")

@@ -11,7 +11,13 @@ import torch.nn.functional as F
 
 from nmt_cli.model import ops
 from nmt_cli.model.ops import dropout, linear_cross_entropy, linear_log_softmax_topk, relu_dropout
-from nmt_cli.model.transformer import Transformer, explicit_attention, make_config, sinusoidal_positions
+from nmt_cli.model.transformer import (
+    Transformer,
+    count_parameters,
+    explicit_attention,
+    make_config,
+    sinusoidal_positions,
+)
 from nmt_cli.training.trainer import cooldown_factor, inverse_sqrt_lr
 
 from .conftest import threshold
@@ -521,6 +527,7 @@ def test_a_padded_vocabulary_trains_and_decodes_as_the_unpadded_one():
         torch.manual_seed(0)
         padded = Transformer(make_config("tiny", 37, vocab_multiple=multiple, dropout=0.0))
         assert padded.embed.weight.shape == (rows, 64) and padded.config.rows == rows
+        assert count_parameters(padded) == count_parameters(plain)  # the zero rows are not parameters of the model
         assert not padded.embed.weight[37:].any()
         for (name, a), b in zip(plain.state_dict().items(), padded.state_dict().values()):
             assert torch.equal(a, b[:37] if name == "embed.weight" else b), name

@@ -107,6 +107,8 @@ class DataDir:
     def open(cls, path: str | Path) -> DataDir:
         """Open a prepared directory; refuse one without meta.json (incomplete)."""
         path = Path(path)
+        if path.is_file():
+            raise NmtError(f"{path}: a file, not a data dir: give the --out folder of nmt prepare")
         if not path.is_dir():
             raise NmtError(f"{path}: no such data directory")
         meta_path = path / "meta.json"

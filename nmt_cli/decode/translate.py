@@ -14,7 +14,7 @@ from nmt_cli.errors import NmtError
 from nmt_cli.hardware import resolve_device
 from nmt_cli.model.checkpoint import load_checkpoint, model_from_checkpoint, require_keys
 from nmt_cli.model.precision import PRECISIONS, resolve_precision
-from nmt_cli.model.transformer import Transformer
+from nmt_cli.model.transformer import Transformer, count_parameters
 from nmt_cli.text.segment import Segmenter, segmenter_of
 from nmt_cli.text.vocab import Vocabulary
 from nmt_cli.torch_env import DECODING_KERNEL_CACHE, size_kernel_cache
@@ -83,7 +83,7 @@ class Translator(TextTranslator):
 
     def describe(self) -> dict:
         model = self.ensemble.models[0]
-        return {**super().describe(), "parameters": sum(p.numel() for p in model.parameters()),
+        return {**super().describe(), "parameters": count_parameters(model),
                 "layers": model.config.layers, "d_model": model.config.d_model,
                 "ensemble": len(self.ensemble.models), "precision": self.precision}
 

@@ -135,6 +135,7 @@ def export_ctranslate2(checkpoint: str | Path, out: str | Path, quantization: st
     from ctranslate2.converters.converter import Converter
 
     from nmt_cli.model.checkpoint import load_checkpoint, require_keys
+    from nmt_cli.model.transformer import ModelConfig, padding_parameters
 
     quantization = quantization_name(quantization)
     out = Path(out)
@@ -147,13 +148,15 @@ def export_ctranslate2(checkpoint: str | Path, out: str | Path, quantization: st
         def _load(self) -> Any:
             return spec
 
+    padding = padding_parameters(ModelConfig.from_dict(state["config"]))  # the export leaves those rows out
     with staging_directory(out) as staging:
         model_dir = staging / "model"  # CTranslate2 writes a folder of its own
         _Spec().convert(str(model_dir), quantization=None if quantization == "fp32" else QUANTIZATIONS[quantization])
         meta = {"format": FORMAT, "source_lang": state["source_lang"], "target_lang": state["target_lang"],
                 "tokenizer": state.get("tokenizer") or {}, "max_positions": state["config"]["max_positions"],
                 "quantization": quantization, "exported_from": str(checkpoint),
-                "parameters": parameter_count(state["model"]), "layers": state["config"]["layers"],
+                "parameters": parameter_count(state["model"]) - padding,
+                "layers": state["config"]["layers"],
                 "d_model": state["config"]["d_model"],
                 "decoding": stored_decoding(state, checkpoint),
                 "ctranslate2_version": ctranslate2.__version__}

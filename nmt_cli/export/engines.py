@@ -10,6 +10,7 @@ from pathlib import Path
 from nmt_cli.decode.pipeline import TextTranslator
 from nmt_cli.errors import NmtError
 from nmt_cli.model.files import TRANSFORMERS_FOLDER, checkpoint_hint, is_exported_model, is_transformers_folder
+from nmt_cli.textio import describe_path
 
 ENGINES = ("auto", "nmt", "ctranslate2")
 
@@ -29,8 +30,8 @@ def load_translator(paths: Sequence[str | Path], device: str | None = None, prec
         if is_transformers_folder(path):
             raise NmtError(f"{path}: {TRANSFORMERS_FOLDER}")
         if Path(path).is_dir() and path not in exported:
-            raise NmtError(f"{path}: a folder without model.bin; give a checkpoint (.pt) or an `nmt export` folder"
-                           + checkpoint_hint(path))
+            raise NmtError(f"{path}: {describe_path(Path(path))}, not a model: give a checkpoint (.pt) or an "
+                           "`nmt export` folder" + checkpoint_hint(path))
     if exported and engine == "nmt":
         raise NmtError(f"{exported[0]}: an exported CTranslate2 folder; --engine nmt needs the checkpoint (.pt) "
                        "it was exported from")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import pickle
@@ -74,8 +75,11 @@ def save_checkpoint(state: dict, *paths: str | Path) -> None:
     first, *others = [Path(p) for p in paths]
     payload = with_digest(state)
     with atomic_path(first) as tmp:
-        with open(tmp, "wb") as f:  # a Python file: a full disk is an OSError (a path gives torch's RuntimeError)
-            torch.save(payload, f)
+        with open(tmp, "wb") as f:
+            try:
+                torch.save(payload, f)
+            except RuntimeError as e:
+                raise write_failure(tmp, e) from None
     for path in others:
         with atomic_path(path) as tmp:
             tmp.unlink()
@@ -83,6 +87,38 @@ def save_checkpoint(state: dict, *paths: str | Path) -> None:
                 os.link(first, tmp)
             except OSError:
                 shutil.copyfile(first, tmp)
+
+
+def write_failure(path: Path, error: RuntimeError) -> OSError:
+    """The OSError behind torch's own error for a write that failed (its archive writer reports a short write
+    as "unexpected pos": the file did not grow by what it wrote), which `atomic_path` turns into one line."""
+    try:
+        stats = os.statvfs(path.parent)
+        full = stats.f_bavail * stats.f_frsize < 64 << 20
+    except OSError:
+        full = False
+    if full:
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return OSError(errno.EIO, f"the write failed ({' '.join(str(error).split())[:80]})")
+
+
+def foreign_file(path: Path) -> str | None:
+    """What a file is when it is plainly not one torch.save wrote (neither a zip archive nor a pickle): 'a text
+    file', 'an empty file' or 'a binary file of another kind'; None when it may be a checkpoint."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return None  # torch.load says why, below
+    if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80":  # torch.save's zip archive, or a legacy pickle
+        return None
+    if not head:
+        return "an empty file"
+    try:
+        head.decode("utf-8")
+        return "a text file"
+    except UnicodeDecodeError as e:
+        return "a text file" if e.start >= len(head) - 3 else "a binary file of another kind"
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
@@ -94,6 +130,10 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise NmtError(f"{path}: {TRANSFORMERS_FOLDER}")
     if path.is_dir():
         raise NmtError(f"{path}: is a directory, expected a checkpoint file{checkpoint_hint(path)}")
+    kind = foreign_file(path)
+    if kind:
+        raise NmtError(f"{path}: {kind}, not a checkpoint: nmt reads the .pt files that nmt train and nmt average "
+                       "write")
     try:
         with warnings.catch_warnings():  # torch warns about foreign pickles; the error below says it in one line
             warnings.simplefilter("ignore")
@@ -181,6 +221,9 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict:
             raise NmtError(f"{path}: model config differs from {paths[0]} ({changed}); cannot average")
         if state["vocab"] != first["vocab"]:
             raise NmtError(f"{path}: vocabulary differs from {paths[0]}; cannot average")
+        if state.get("run", first.get("run")) != first.get("run", state.get("run")):
+            raise NmtError(f"{path}: from another training run than {paths[0]} (their run ids differ: a save dir "
+                           "reused by a fresh run?); average the checkpoints of one run")
         for k, v in state["model"].items():
             total[k] += v.to(torch.float32)
         last = state
@@ -200,7 +243,7 @@ def with_decoding(state: dict, beam: int, lenpen: float, chosen: str) -> dict:
 def model_only(state: dict) -> dict:
     """A checkpoint without its training state (optimizer, loss scaler, RNG, progress): what translation needs,
     a third of a training checkpoint's size."""
-    out = {k: state[k] for k in (*SELF_CONTAINED_KEYS, "model", "averaged_from", "decoding") if k in state}
+    out = {k: state[k] for k in (*SELF_CONTAINED_KEYS, "model", "averaged_from", "decoding", "run") if k in state}
     out["updates"] = state.get("updates", 0)
     return out
 

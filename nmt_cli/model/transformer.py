@@ -594,6 +594,13 @@ class Transformer(nn.Module):
         return self.decoder_norm(x[:, 0])
 
 
+def padding_parameters(config: ModelConfig) -> int:
+    """The weights of the embedding's padding rows (`ModelConfig.rows`): zero, never used, left out by exports."""
+    return (config.rows - config.vocab_size) * config.d_model
+
+
 def count_parameters(model: nn.Module) -> int:
-    """Number of distinct trainable parameters (the shared embedding counted once)."""
-    return sum(p.numel() for p in model.parameters())
+    """Number of distinct trainable parameters (the shared embedding counted once), the padding rows left out:
+    the count of the same model without them, as its exports hold it."""
+    config = getattr(model, "config", None)
+    return sum(p.numel() for p in model.parameters()) - (padding_parameters(config) if config else 0)

@@ -302,6 +302,8 @@ class Trainer:
             self.schedule_changes += rate_changes
         self.config = config
         self.resumed = resume is not None
+        # Names the run in each of its checkpoints (kept on resume), so that averaging can refuse to mix runs.
+        self.run_id = (resume or {}).get("run") or secrets.token_hex(8)
 
         self.ctx = ctx = D.init_distributed(device)
         if ctx.enabled:
@@ -422,6 +424,7 @@ class Trainer:
         with SaveDirLock(self.save_dir) if ctx.is_main else nullcontext(), self.stops:
             if ctx.is_main:
                 remove_temporaries(self.save_dir)  # left by killed runs; the lock says none is running
+                set_aside = None if self.resumed else set_aside_earlier_run(self.save_dir)
                 # the options as given, and the architecture that ran (the --init-from model's, or the preset's)
                 options = asdict(opts) | {"model": self.config.to_dict()}
                 (self.save_dir / "options.json").write_text(json.dumps(options, default=str, indent=2) + "\n")
@@ -438,6 +441,13 @@ class Trainer:
                             "parameters": count_parameters(self.model), "config": self.config.to_dict(),
                             "world_size": ctx.world_size, "device": str(self.device), "precision": opts.precision})
             warnings = [] if self.resumed else [schedule_warning(opts)]
+            if ctx.is_main and set_aside is not None:  # not progress: printed with --quiet too
+                count, folder = set_aside
+                message = (f"{self.save_dir} holds {count} numbered checkpoints but no checkpoint_last.pt (a run that "
+                           f"ended before its first full save cannot be resumed): starting afresh, with that run's "
+                           f"checkpoints and log moved to {folder} so that nmt average --last never mixes two runs")
+                self.log.write({"event": "warning", "message": message})
+                print(f"nmt train: warning: {message}", file=sys.stderr, flush=True)
             if self.schedule_changes:
                 warnings.append(f"resuming at update {state.updates} with {'; '.join(self.schedule_changes)}: "
                                 "the new values apply from the next update on")
@@ -739,11 +749,30 @@ class Trainer:
             "target_lang": data.target_lang,
             "tokenizer": data.meta.get("tokenizer", {}),
             "updates": self.state.updates,
+            "run": self.run_id,
         }
         if rngs is None:
             return model
         return {**model, "optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(), "rng": rngs,
                 "progress": self.state.to_dict()}
+
+
+def set_aside_earlier_run(save_dir: Path) -> tuple[int, Path] | None:
+    """Before a fresh run in a save dir without checkpoint_last.pt: move the numbered checkpoints, the best one
+    and the log another run left there (one that ended before its first full save) into save_dir/earlier-run-N;
+    returns how many numbered ones and where, or None when there were none."""
+    earlier = numbered_checkpoints(save_dir)
+    if not earlier:
+        return None
+    n = 1
+    while (save_dir / f"earlier-run-{n}").exists():
+        n += 1
+    folder = save_dir / f"earlier-run-{n}"
+    folder.mkdir()
+    for path in [*earlier, save_dir / "checkpoint_best.pt", save_dir / "train.jsonl"]:
+        if path.exists():
+            os.replace(path, folder / path.name)
+    return len(earlier), folder
 
 
 BUFFER_SYNC_FLAG = ("forward_sync_buffers" if "forward_sync_buffers" in
