@@ -200,7 +200,7 @@ def test_export_bad_input(multi30k_tiny, tmp_path, monkeypatch):
     expect_error(run_cli("export", "ctranslate2", "-m", model, "-o", tmp_path / "o", "--quantization", "int3"),
                  "--quantization", "int3")
     (tmp_path / "empty").mkdir()
-    expect_error(run_cli("translate", "-m", tmp_path / "empty", "-i", model), "without model.bin")
+    expect_error(run_cli("translate", "-m", tmp_path / "empty", "-i", model), "an empty folder, not a model")
     folder = export_ctranslate2(model, tmp_path / "ok")
     folder_in_ensemble = run_cli("translate", "-m", folder, "-m", model)
     expect_error(folder_in_ensemble, "ensemble")
