@@ -71,13 +71,17 @@ def test_one_letter_per_concept_across_commands():
     assert "--workers" not in flags["translate"]  # processes in prepare; translate's are --parallel-batches
 
 
-def test_aliases_expand_as_written_and_stay_out_of_help():
+def test_aliases_expand_as_written_and_are_listed_apart_in_help():
     aliases = {"--max-update": ("--max-updates",), "--fp16": ("--precision", "fp16"), "--inputs": ()}
     assert expand_aliases(["--max-update", "3", "--fp16", "--inputs", "ck", "--max-update=4", "--", "--fp16"],
                           aliases) == ["--max-updates", "3", "--precision", "fp16", "ck", "--max-updates=4", "--",
                                        "--fp16"]
     text = run_cli("train", "--help").stdout
-    assert "--max-update " not in text and "--warmup-updates" not in text and "--fp16" not in text
+    options, listed = text.split("Other spellings accepted (fairseq's names):")
+    assert "--max-update " not in options and "--warmup-updates" not in options and "--fp16" not in options
+    listed = [line.split() for line in listed.strip().splitlines()]
+    assert ["--max-update", "=", "--max-updates"] in listed and ["--fp16", "=", "--precision", "fp16"] in listed
+    assert "Other spellings" not in run_cli("plot", "--help").stdout  # a command without aliases lists none
 
 
 def test_fairseq_spellings_train_and_score(toy_data, tmp_path):

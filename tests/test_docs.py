@@ -143,3 +143,73 @@ def test_python_api_examples_run(toy_model, tmp_path, monkeypatch):
     for page, code in blocks:
         exec(compile(code.replace("exp/multi30k/model.pt", str(toy_model)), str(page), "exec"), {})
     assert (tmp_path / "attention.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _trimmed(text: str) -> str:
+    return " ".join(text.replace("`", "").split()).strip(" :;,()")
+
+
+def source_strings() -> tuple[list[str], list[re.Pattern]]:
+    """Every string literal of the package and the recipes' scripts, each literal part of an f-string apart
+    (whitespace and the punctuation around it trimmed); and each f-string as a pattern, its values as `.+?`."""
+    import ast
+
+    parts: list[str] = []
+    patterns: list[re.Pattern] = []
+    for path in [*(REPO / "nmt_cli").rglob("*.py"), *(REPO / "recipes").glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.JoinedStr):
+                pieces = [v.value if isinstance(v, ast.Constant) else None for v in node.values]
+                parts += [_trimmed(v) for v in pieces if isinstance(v, str)]
+                while pieces and pieces[0] is None:  # a message may be quoted without its leading PATH
+                    pieces.pop(0)
+                while pieces and pieces[-1] is None:
+                    pieces.pop()
+                if sum(len(v.strip()) for v in pieces if v) >= 10:
+                    patterns.append(re.compile("".join(
+                        ".+?" if v is None else re.escape(re.sub(r"\s+", " ", v.replace("`", ""))) for v in pieces)))
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                parts.append(_trimmed(node.value))
+    return parts, patterns
+
+
+# What a quoted message writes for what varies: its words in capitals (PATH, N, SAVE_DIR, HOST), quoted example
+# values, "...", numbers, and " / " between alternatives.
+PLACEHOLDER = re.compile(r"\b[A-Z][A-Z0-9_]*\b|'[^']*'|\.\.\.|\d[\d.,%]*| / ")
+
+
+def quoted_messages() -> list[str]:
+    """The messages docs/troubleshooting.md quotes: the backticked parts of each table row's first cell that are
+    messages (three words or more, not a flag or variable named alone)."""
+    text = (REPO / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
+    cells = [line.split(" | ")[0].removeprefix("| ") for line in text.splitlines() if line.startswith("| `")]
+    quoted = [" ".join(m.split()) for cell in cells for m in re.findall(r"`([^`]+)`", cell)]
+    return [m for m in quoted if len([w for w in m.split() if re.search("[a-z]", w)]) >= 3]
+
+
+def printed_by_the_code(message: str, literals: tuple[list[str], list[re.Pattern]]) -> bool:
+    """Whether a quoted message is one the code prints: one of the code's f-strings matches it (its values
+    standing for the message's placeholders), a literal stretch of the code's own (12 characters or more) lies
+    in it as whole words, or its longest stretch between placeholders, less a word at either end where that
+    word is an example value, is a piece of a literal of the code."""
+    parts, patterns = literals
+    if any(p.search(message) for p in patterns):
+        return True
+    if any(len(piece) >= 12 and re.search(rf"(?<![\w-]){re.escape(piece)}(?![\w-])", message) for piece in parts):
+        return True
+    words = max((c.strip(" :;,()") for c in PLACEHOLDER.split(message)), key=len).split()
+    candidates = {" ".join(words), " ".join(words[1:]), " ".join(words[:-1])}
+    return any(len(c) >= 12 and any(c in piece for piece in parts) for c in candidates)
+
+
+def test_troubleshooting_quotes_what_the_code_prints():
+    """Each message docs/troubleshooting.md quotes is one the code prints (`printed_by_the_code`), so a message
+    reworded in the code cannot live on in the docs; and the check tells a stale message from a real one."""
+    literals = source_strings()
+    messages = quoted_messages()
+    assert len(messages) > 60
+    stale = [m for m in messages if not printed_by_the_code(m, literals)]
+    assert not stale, "\n".join(stale)
+    assert not printed_by_the_code("PATH: a folder without model.bin; give a checkpoint (.pt)", literals)
+    assert printed_by_the_code("HYP has N lines but REF has M", literals)
+    assert not printed_by_the_code("HYP has N lines, REF has M", literals)

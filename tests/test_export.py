@@ -238,6 +238,8 @@ def test_transformers_export_of_a_moses_bpe_model_is_fsmt(multi30k_tiny, val, tm
     model_path, _ = multi30k_tiny
     folder = export_transformers(model_path, tmp_path / "fsmt")
     assert "Moses tokenization and joint BPE" in (folder / "README.md").read_text()
+    shown = run_cli("export", "transformers", "-m", model_path, "-o", tmp_path / "cli")  # only nmt's own line
+    assert shown.exit_code == 0 and shown.stderr.startswith("exported ") and "shards" not in shown.stderr, shown.stderr
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     model = transformers.AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
     assert type(model).__name__ == "FSMTForConditionalGeneration"

@@ -137,7 +137,8 @@ def test_no_page_and_what_info_tells(toy_model):
         assert status == 404 and "GET /info" in body["error"] and "GET /," not in body["error"]
         status, info = server.get("/info")
     model = translator.ensemble.models[0]
-    assert status == 200 and info["parameters"] == sum(p.numel() for p in model.parameters())
+    padding = (model.config.rows - model.config.vocab_size) * model.config.d_model  # zero rows, not parameters
+    assert status == 200 and info["parameters"] == sum(p.numel() for p in model.parameters()) - padding
     assert info["source_lang"] == "en" and info["target_units"] == "words" and info["target_direction"] == "ltr"
     assert info["alignments"] is True and info["api_key"] is False and info["beam"] == 4
 

@@ -170,12 +170,12 @@ def test_fine_tuning_data_takes_everything_from_the_model(spm_model, tatoeba, to
 def test_sentencepiece_bad_input(tatoeba, tmp_path):
     base = ["prepare", "--train", tatoeba / "train", "--valid", tatoeba / "valid", "--quiet"]
     expect_error(run_cli(*base, "-s", "zh", "-t", "en", "--out", tmp_path / "a", "--tokenizer", "jieba"),
-                 "unknown --tokenizer 'jieba'")
+                 "'--tokenizer'", "'jieba' is not one of 'moses', 'sentencepiece'")
     expect_error(run_cli(*base, "-s", "zh", "-t", "en", "--out", tmp_path / "b", "--tokenizer", "sentencepiece",
                          "--vocab-size", "900000"), "--vocab-size 900000 is larger than this corpus allows",
                  "use --vocab-size")
     expect_error(run_cli(*base, "-s", "zh", "-t", "en", "--out", tmp_path / "c", "--tokenizer", "sentencepiece",
-                         "--spm-type", "word"), "unknown --spm-type 'word'")
+                         "--spm-type", "word"), "'word' is not one of 'unigram', 'bpe'")
     expect_error(run_cli(*base, "-t", "en", "--out", tmp_path / "d"), "--source-lang/-s and --target-lang/-t")
     for name in "abcd":
         assert not (tmp_path / name).exists()

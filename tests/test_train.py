@@ -521,3 +521,12 @@ def test_a_precision_change_to_fp16_starts_a_fresh_loss_scale():
     assert restore_scaler(resumed, saved.state_dict()) is None and resumed.get_scale() == 512.0
     off = torch.amp.GradScaler("cpu", enabled=False)  # fp16 -> bf16: the saved scale is simply not used
     assert restore_scaler(off, saved.state_dict()) is None and not off.is_enabled()
+
+
+def test_the_end_line_gives_the_best_validation_to_three_decimals(tmp_path):
+    from nmt_cli.training.trainer import end_of_run
+
+    line, code = end_of_run({"reason": "max_updates", "updates": 5, "elapsed": 3.2, "best": 4.1234567}, tmp_path)
+    assert code == 0 and line == "stopped (max_updates) after 5 updates, 3 s; best 4.123"
+    assert end_of_run({"reason": "max_updates", "updates": 5, "elapsed": 3.2, "best": None}, tmp_path)[0].endswith(
+        "best none (no validation ran)")

@@ -82,7 +82,7 @@ def expand_aliases(args: list[str], aliases: dict[str, tuple[str, ...]]) -> list
 class PanelCommand(TyperCommand):
     """A command whose --help is click's plain text (wrapped to the terminal, nothing cut or read as markup)
     with its options grouped under their panel headings, in the order the panels first appear. `aliases`:
-    other spellings it accepts without listing them (fairseq's names, former names)."""
+    other spellings it accepts (fairseq's names, former names), listed at the end of its help."""
 
     aliases: dict[str, tuple[str, ...]] = {}
 
@@ -118,6 +118,10 @@ class PanelCommand(TyperCommand):
         for name in sorted(panels, key=lambda p: p == "Options"):
             with formatter.section(name):
                 formatter.write_dl(panels[name])
+        if self.aliases:
+            with formatter.section("Other spellings accepted (fairseq's names)"):
+                formatter.write_dl([(alias, "= " + (" ".join(target) or "(no flag: the paths follow)"))
+                                    for alias, target in self.aliases.items()])
 
 
 class OneLineErrors(TyperGroup):

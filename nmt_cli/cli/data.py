@@ -12,6 +12,7 @@ import typer
 from nmt_cli.errors import NmtError
 
 from .commandline import err, handle_errors
+from .flags import SpmType, Tokenizer
 
 
 @handle_errors
@@ -24,12 +25,12 @@ def prepare_cmd(
     target_lang: Annotated[Optional[str], typer.Option(
         "--target-lang", "-t", help="Target language code (file suffix); with --from-model, the model's.")] = None,
     test: Annotated[Optional[list[str]], typer.Option(help="Test PREFIX (repeatable).")] = None,
-    tokenizer: Annotated[Optional[str], typer.Option(
+    tokenizer: Annotated[Optional[Tokenizer], typer.Option(
         help="moses: Moses tokenization + joint BPE (the paper's; default); sentencepiece: SentencePiece on raw "
              "text (languages written without spaces, such as Chinese).")] = None,
     bpe_merges: Annotated[int, typer.Option(help="Joint BPE merge operations (moses).")] = 10000,
     vocab_size: Annotated[int, typer.Option(help="Shared vocabulary size (sentencepiece).")] = 8000,
-    spm_type: Annotated[str, typer.Option(help="SentencePiece model: unigram or bpe.")] = "unigram",
+    spm_type: Annotated[SpmType, typer.Option(help="SentencePiece model: unigram or bpe.")] = SpmType.unigram,
     spm_sample: Annotated[int, typer.Option(
         help="SentencePiece learns from at most this many lines (both sides), drawn at random.")] = 1_000_000,
     workers: Annotated[int, typer.Option(help="Worker processes (0: one per core).")] = 0,
@@ -59,7 +60,7 @@ def prepare_cmd(
     meta = prepare(PrepareOptions(source_lang or "", target_lang or "", train, valid, out, test or [], bpe_merges,
                                   workers if workers != 0 else (os.cpu_count() or 1), max_len, max_ratio,
                                   vocab_threshold, force, quiet, normalize_punctuation, from_model,
-                                  tokenizer or "moses", vocab_size, spm_type, spm_sample,
+                                  tokenizer.value if tokenizer else "moses", vocab_size, spm_type.value, spm_sample,
                                   tokenizer_given=tokenizer is not None, tags=tuple(tag or ())))
     if not quiet:
         err.print(summary_line(meta, out), highlight=False)

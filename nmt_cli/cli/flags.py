@@ -13,6 +13,8 @@ Precision = Enum("Precision", {name: name for name in ("auto", "fp32", "bf16", "
 CommPrecision = Enum("CommPrecision", {name: name for name in ("fp32", "bf16", "fp16")}, type=str)
 Device = Enum("Device", {name: name for name in ("cpu", "cuda")}, type=str)
 Engine = Enum("Engine", {name: name for name in ("auto", "nmt", "ctranslate2")}, type=str)
+Tokenizer = Enum("Tokenizer", {name: name for name in ("moses", "sentencepiece")}, type=str)
+SpmType = Enum("SpmType", {name: name for name in ("unigram", "bpe")}, type=str)
 # --help panels of the commands with many flags
 P_DATA = "Data and batches"
 P_MODEL = "Model"
@@ -32,7 +34,9 @@ DeviceFlag = Annotated[Optional[Device], typer.Option(
 ModelsFlag = Annotated[list[Path], typer.Option("--model", "-m", rich_help_panel=P_IO, help=(
     "Checkpoint (repeat for an ensemble), or a folder written by `nmt export ctranslate2`."))]
 InferencePrecisionFlag = Annotated[Precision, typer.Option(rich_help_panel=P_DEVICE, help=(
-    "Precision (fp16: CUDA only; auto: bf16 where the device multiplies it in hardware, else fp32)."))]
+    "Precision (fp16: CUDA only; auto: bf16 where the device multiplies it in hardware, else fp32). fp32 by "
+    "default, unlike nmt train's auto: outputs exactly as the model scores them (bf16 is faster on such a "
+    "device and changes a few outputs)."))]
 ThreadsFlag = Annotated[int, typer.Option(rich_help_panel=P_DEVICE, help=(
     "CPU threads in all (0: torch's default; an exported model up to 4)."))]
 EngineFlag = Annotated[Engine, typer.Option(rich_help_panel=P_DEVICE, help=ENGINE_HELP)]

@@ -92,7 +92,8 @@ def train_cmd(
              "fine-tuning on data prepared with --from-model.")] = None,
     tensorboard: Annotated[Optional[Path], typer.Option(
         rich_help_panel=P_LOG,
-        help="Also write the logged scalars to this folder for tensorboard (pip install 'nmt-cli[tensorboard]')."
+        help="Also write the logged scalars to this folder for tensorboard (pip install -e '.[tensorboard]' in "
+             "the clone).",
     )] = None,
     threads: Annotated[int, typer.Option(
         rich_help_panel=P_DEVICE, help="CPU threads for torch (0: torch's default).")] = 0,
@@ -151,6 +152,6 @@ def average_cmd(
 
     paths, warning = checkpoints_to_average(list(checkpoints or []), last)
     if warning:
-        err.print(f"warning: {warning}", markup=False, highlight=False)
+        err.print(f"nmt average: warning: {warning}", markup=False, highlight=False)
     save_checkpoint(average_checkpoints(paths), output)
     err.print(f"averaged {len(paths)} checkpoints into {output}")

@@ -78,8 +78,9 @@ def translate_cmd(
         "Divide the log-probabilities by T before sampling: below 1 sharper, above flatter (default 1)."),
         show_default=False)] = None,
     seed: Annotated[Optional[int], typer.Option(rich_help_panel=P_STEER, help=(
-        "Seed of the draws (default 0): a line samples alike alone or in any batch (nmt's engine; "
-        "CTranslate2's draws do not repeat)."), show_default=False)] = None,
+        "Seed of the draws (default 0; nmt train's --seed, default 1, seeds training, not these draws): a line "
+        "samples alike alone or in any batch (nmt's engine; CTranslate2's draws do not repeat)."),
+        show_default=False)] = None,
     no_repeat_ngram: Annotated[int, typer.Option(rich_help_panel=P_STEER, help=(
         "No N-gram of output tokens twice in an output (0: off)."))] = 0,
     prefix: Annotated[Optional[Path], typer.Option(rich_help_panel=P_STEER, help=(

@@ -138,7 +138,7 @@ def translate_lines(translator: TextTranslator, options: dict, input: Path | Non
 
     def flush_warnings() -> None:
         for w in translator.warnings:
-            console.print(f"warning: {input or '<stdin>'}:{w.removeprefix('line ')}", markup=False,
+            console.print(f"nmt translate: warning: {input or '<stdin>'}:{w.removeprefix('line ')}", markup=False,
                           highlight=False)
         translator.warnings.clear()
         translator.truncated.clear()

@@ -20,7 +20,9 @@ refused with one line.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -213,6 +215,21 @@ length^alpha and nmt by GNMT's ((5 + length) / 6)^alpha, so a few outputs may di
 {caveat}"""
 
 
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Transformers' own progress bars ("Writing model shards") off while nmt writes a folder: nmt's commands
+    print their own lines, and a bar from another library on stderr reads as part of nmt's output."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
 def export_transformers(checkpoint: str | Path, out: str | Path, force: bool = False) -> Path:
     """Write an nmt checkpoint as a Transformers folder (Marian for SentencePiece models, FSMT for Moses + BPE
     ones); returns it."""
@@ -233,7 +250,8 @@ def export_transformers(checkpoint: str | Path, out: str | Path, force: bool = F
     tokenizer_config["model_max_length"] = state["config"]["max_positions"] - 1
     with staging_directory(out) as staging:
         folder = staging / "model"
-        model.save_pretrained(folder)
+        with quiet_transformers():
+            model.save_pretrained(folder)
         for name, content in files.items():
             (folder / name).write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
         (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n",

@@ -246,8 +246,10 @@ def end_of_run(summary: dict, save_dir: Path) -> tuple[str, int]:
         return (f"stopped by {summary['reason']} after update {summary['updates']}; "
                 f"{Path(save_dir) / 'checkpoint_last.pt'} saved (run the same command to resume)",
                 EXIT_CODES[summary["reason"]])
+    best = summary["best"]
+    shown = "none (no validation ran)" if best is None else f"{best:.3f}"
     return (f"stopped ({summary['reason']}) after {summary['updates']} updates, {summary['elapsed']:.0f} s; "
-            f"best {summary['best']}"), 0
+            f"best {shown}"), 0
 
 
 def check_lengths(data: DataDir, splits: dict, config: ModelConfig) -> None:
