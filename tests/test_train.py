@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from nmt_cli.decode.translate import Translator
-from nmt_cli.model.checkpoint import load_checkpoint, save_checkpoint
+from nmt_cli.model.checkpoint import load_checkpoint, numbered_checkpoints, save_checkpoint
 from nmt_cli.training.trainer import TrainOptions, inverse_sqrt_lr, train
 
 from .conftest import expect_error, run_cli, threshold
@@ -530,3 +530,29 @@ def test_the_end_line_gives_the_best_validation_to_three_decimals(tmp_path):
     assert code == 0 and line == "stopped (max_updates) after 5 updates, 3 s; best 4.123"
     assert end_of_run({"reason": "max_updates", "updates": 5, "elapsed": 3.2, "best": None}, tmp_path)[0].endswith(
         "best none (no validation ran)")
+
+
+def test_a_resume_keeps_the_runs_own_options_and_changes_only_those_given(toy_data, tmp_path):
+    """A run started with many flags, resumed with only --max-updates raised, trains bit for bit as the same
+    run uninterrupted (the flags not given keep the run's values, not the defaults); a resume with no flags at
+    all goes on to the run's own --max-updates (nothing left: it says so); a flag given with another value is
+    applied and named, with --quiet too."""
+    flags = ["--arch", "tiny", "--max-tokens", "512", "--warmup", "20", "--lr-scale", "0.5", "--dropout", "0.2",
+             "--seed", "7", "--label-smoothing", "0.2", "--device", "cpu", "--keep-last", "2", "--quiet"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert run_cli("train", toy_data, "--save-dir", straight, *flags, "--max-updates", "6").exit_code == 0
+    assert run_cli("train", toy_data, "--save-dir", resumed, *flags, "--max-updates", "3").exit_code == 0
+    result = run_cli("train", toy_data, "--save-dir", resumed, "--max-updates", "6")
+    assert result.exit_code == 0, result.output
+    a, b = (load_checkpoint(d / "checkpoint_last.pt") for d in (straight, resumed))
+    assert b["updates"] == 6 and all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert json.loads((resumed / "options.json").read_text())["warmup"] == 20
+    assert len(numbered_checkpoints(resumed)) == 2  # --keep-last kept too
+
+    again = run_cli("train", toy_data, "--save-dir", resumed)
+    assert again.exit_code == 0 and "already finished (max_updates, 6 updates)" in again.stderr, again.output
+    changed = run_cli("train", toy_data, "--save-dir", resumed, "--max-updates", "7", "--warmup", "30", "--quiet")
+    assert changed.exit_code == 0, changed.output
+    assert "nmt train: warning: resuming at update 6 with --warmup 20 -> 30" in changed.stderr
+    options = json.loads((resumed / "options.json").read_text())
+    assert (options["warmup"], options["lr_scale"], options["max_updates"]) == (30, 0.5, 7)

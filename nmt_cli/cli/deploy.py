@@ -59,9 +59,9 @@ def serve_cmd(
 def export_ctranslate2_cmd(
     model: Annotated[Path, typer.Option("--model", "-m", help="nmt checkpoint (e.g. an averaged model.pt).")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Model folder to write.")],
-    quantization: Annotated[str, typer.Option(help=(
-        "Weight type, named as --precision names them: fp32, bf16, fp16, int8, int8_fp32, int8_bf16, int8_fp16 "
-        "(CTranslate2's own names work too)."))] = "fp32",
+    quantization: Annotated[str, typer.Option(metavar="<fp32|bf16|fp16|int8|int8_fp32|int8_bf16|int8_fp16>", help=(
+        "Weight type, named as --precision names them (CTranslate2's own names work too: float32, int8_float16, "
+        "...)."))] = "fp32",
     force: Annotated[bool, typer.Option(
         help="Replace a CTranslate2 export nmt made at --output (nothing else).")] = False,
 ) -> None:

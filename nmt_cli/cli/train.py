@@ -15,6 +15,7 @@ from .flags import P_DATA, P_DEVICE, P_LOG, P_MODEL, P_OPTIM, P_STOP, Arch, Comm
 
 @handle_errors
 def train_cmd(
+    context: typer.Context,
     data: Annotated[Path, typer.Argument(metavar="DATA_DIR", help="Data directory made by nmt prepare.")],
     save_dir: Annotated[Path, typer.Option(
         rich_help_panel=P_STOP, help="Where checkpoints and train.jsonl go; re-running resumes.")],
@@ -111,12 +112,15 @@ def train_cmd(
     use_huge_pages_for_tensors()  # before torch is imported
     import torch
 
-    from nmt_cli.training.trainer import TrainOptions, end_of_run, train
+    from nmt_cli.training.trainer import TrainOptions, end_of_run, kept_run_options, train
 
     if threads:
         torch.set_num_threads(threads)
     opts = TrainOptions(**{f.name: flags[f.name] for f in fields(TrainOptions)})
-    summary = train(opts)
+    # the flags on the command line (or in the environment); by name: typer may bring its own copy of click
+    sources = {name: getattr(context.get_parameter_source(name), "name", None) for name in flags if name != "context"}
+    given = {name for name, source in sources.items() if source not in (None, "DEFAULT", "DEFAULT_MAP")}
+    summary = train(kept_run_options(opts, given))  # a resume keeps the run's options that are not given
     message, code = end_of_run(summary, save_dir)
     if int(os.environ.get("RANK", "0")) == 0 and (code or not quiet or summary["reason"] == "already_finished"):
         err.print(message, highlight=False)

@@ -10,9 +10,9 @@ import secrets
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import closing, nullcontext, suppress
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 import torch
@@ -180,6 +180,31 @@ EXACT_RESUME_OPTIONS = ("max_tokens", "update_freq", "seed")
 # The dropout rates may change too; they are compared as the model config has them (see `resumed_config`).
 SCHEDULE_OPTIONS = ("lr_scale", "warmup", "cooldown", "label_smoothing", "clip_norm", "precision")
 DROPOUT_FIELDS = ("dropout", "attention_dropout", "activation_dropout")
+
+
+# Options a resume does not take from the run being resumed when they are not given: where the run reads and
+# writes (always given), whether it prints progress, and the model it started from (read at its start only).
+NOT_KEPT_ON_RESUME = ("data", "save_dir", "quiet", "init_from")
+
+
+def kept_run_options(opts: TrainOptions, given: Collection[str]) -> TrainOptions:
+    """For a save dir that holds a run to resume (checkpoint_last.pt and its options.json): `opts` with every
+    option not in `given` (the flags on the command line) set to the run's own value, so that a resume with no
+    flags goes on exactly as the run would have; options given keep their new values (`changed_options` names
+    the changes). Anywhere else, `opts` as it is."""
+    save_dir = Path(opts.save_dir)
+    text = read_small_file(save_dir / "options.json") if (save_dir / "checkpoint_last.pt").is_file() else None
+    try:
+        stored = json.loads(text) if text else {}
+    except ValueError:
+        return opts  # written by a killed run mid-way: nothing to keep
+    kept = {}
+    for f in fields(TrainOptions):
+        if f.name in given or f.name in NOT_KEPT_ON_RESUME or f.name not in stored:
+            continue
+        value = stored[f.name]
+        kept[f.name] = Path(value) if value is not None and f.name == "tensorboard" else value
+    return replace(opts, **kept)
 
 
 def changed_options(path: Path, opts: TrainOptions) -> list[str]:
@@ -455,7 +480,7 @@ class Trainer:
                                 "the new values apply from the next update on")
             for warning in filter(None, warnings):
                 self.log.write({"event": "warning", "message": warning})
-                if ctx.is_main and not opts.quiet:
+                if ctx.is_main:  # not progress: printed with --quiet too
                     print(f"nmt train: warning: {warning}", file=sys.stderr, flush=True)
             if ctx.is_main and not opts.quiet:
                 print(f"nmt train: {stopping_line(opts)}", file=sys.stderr, flush=True)
