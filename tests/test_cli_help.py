@@ -10,7 +10,7 @@ import pytest
 
 from nmt_cli.cli.commandline import PIPELINE_ORDER, expand_aliases
 
-from .conftest import run_cli
+from .conftest import expect_error, run_cli
 from .docs_reference import cli_commands
 
 COMMANDS = cli_commands()
@@ -96,3 +96,41 @@ def test_fairseq_spellings_train_and_score(toy_data, tmp_path):
     both = [run_cli("score", "-r", tmp_path / "h", flag, tmp_path / "h", "--metrics", "bleu", "--json").stdout
             for flag in ("-i", "--hyp")]
     assert both[0] == both[1] and json.loads(both[0])[0]["score"] == 100.0
+
+
+def test_a_config_file_sets_a_commands_options_and_flags_override_it(toy_data, toy_model, tmp_path):
+    """--config FILE: the same run as the flags it holds (options.json equal), a flag given beside it wins, and
+    --print-config's output read back gives itself; translate reads one too. An unknown key names the file, the
+    key and the nearest flag; a bad value names the file and the key; both one line, exit code 2."""
+    run = tmp_path / "run.yaml"
+    run.write_text("arch: tiny\nmax_tokens: 512\nwarmup: 20\nmax-updates: 2\ndevice: cpu\nlr-scale: 0.5\nquiet: true\n")
+    flags = ["--arch", "tiny", "--max-tokens", "512", "--warmup", "20", "--max-updates", "2", "--device", "cpu",
+             "--lr-scale", "0.5", "--quiet"]
+    assert run_cli("train", toy_data, "--save-dir", tmp_path / "a", "--config", run).exit_code == 0
+    assert run_cli("train", toy_data, "--save-dir", tmp_path / "b", *flags).exit_code == 0
+    a, b = (json.loads((tmp_path / d / "options.json").read_text()) for d in "ab")
+    assert {k: v for k, v in a.items() if k != "save_dir"} == {k: v for k, v in b.items() if k != "save_dir"}
+
+    printed = run_cli("train", toy_data, "--save-dir", tmp_path / "c", "--config", run, "--warmup", "7",
+                      "--print-config")
+    assert printed.exit_code == 0 and "warmup: 7\n" in printed.stdout and "max-tokens: 512\n" in printed.stdout
+    assert not (tmp_path / "c").exists()  # printed, nothing run
+    (tmp_path / "printed.yaml").write_text(printed.stdout)
+    again = run_cli("train", "--config", tmp_path / "printed.yaml", "--print-config")
+    assert again.stdout == printed.stdout
+
+    (tmp_path / "beam.yaml").write_text("beam: 1\nlenpen: 0.0\n")
+    source = tmp_path / "in.en"
+    source.write_text("W1 W2 W3 .\n")
+    via_file = run_cli("translate", "-m", toy_model, "-i", source, "--config", tmp_path / "beam.yaml")
+    via_flags = run_cli("translate", "-m", toy_model, "-i", source, "--beam", "1", "--lenpen", "0")
+    assert via_file.exit_code == 0 and via_file.stdout == via_flags.stdout
+
+    (tmp_path / "typo.yaml").write_text("max-token: 512\n")
+    expect_error(run_cli("train", toy_data, "--save-dir", tmp_path / "d", "--config", tmp_path / "typo.yaml"),
+                 "typo.yaml: unknown key 'max-token'", "did you mean 'max-tokens'?")
+    (tmp_path / "value.yaml").write_text("max-tokens: lots\n")
+    expect_error(run_cli("train", toy_data, "--save-dir", tmp_path / "d", "--config", tmp_path / "value.yaml"),
+                 "value.yaml: max-tokens:")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    expect_error(run_cli("average", "--config", tmp_path / "list.yaml"), "list.yaml: expected a mapping")

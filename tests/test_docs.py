@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .conftest import run_cli
 from .docs_reference import (
     COMMANDS_MD,
     REPO,
@@ -213,3 +214,18 @@ def test_troubleshooting_quotes_what_the_code_prints():
     assert not printed_by_the_code("PATH: a folder without model.bin; give a checkpoint (.pt)", literals)
     assert printed_by_the_code("HYP has N lines but REF has M", literals)
     assert not printed_by_the_code("HYP has N lines, REF has M", literals)
+
+
+def test_the_config_file_of_commands_md_is_the_run_its_flags_give(tmp_path):
+    """docs/commands.md's base.yaml and its flags make the same `--print-config`: the page's two forms of the
+    WMT14 base run cannot drift apart."""
+    text = (REPO / "docs" / "commands.md").read_text(encoding="utf-8")
+    mark = "<!-- config: tests/test_docs.py checks that this file and the flags below run the same options -->"
+    config, flags = re.search(re.escape(mark) + r"\n```yaml\n(.*?)\n```.*?```bash\n(.*?)\n```", text, re.S).groups()
+    (tmp_path / "base.yaml").write_text(config, encoding="utf-8")
+    words = flags.replace("\\\n", " ").split()
+    assert words[:5] == ["torchrun", "--nproc_per_node", "8", "-m", "nmt_cli"]
+    from_file = run_cli("train", "--config", tmp_path / "base.yaml", "--print-config")
+    from_flags = run_cli(*words[5:], "--print-config")
+    assert from_file.exit_code == 0 and from_flags.exit_code == 0, from_file.output + from_flags.output
+    assert from_file.stdout == from_flags.stdout and "arch: base\n" in from_file.stdout

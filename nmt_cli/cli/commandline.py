@@ -23,6 +23,8 @@ except ImportError:  # pragma: no cover
 
 from nmt_cli.errors import NmtError
 
+from .config import effective_config, named_config_error
+
 err = Console(stderr=True, soft_wrap=True)  # messages stay one line in logs, whatever the width
 
 # The oldest PyTorch nmt runs on: nn.utils.get_total_norm (2.6), fused Adam on CPU (2.4), torch.get_autocast_dtype
@@ -87,7 +89,16 @@ class PanelCommand(TyperCommand):
     aliases: dict[str, tuple[str, ...]] = {}
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
-        return super().parse_args(ctx, expand_aliases(args, self.aliases))
+        try:
+            return super().parse_args(ctx, expand_aliases(args, self.aliases))
+        except click_errors.BadParameter as e:
+            raise named_config_error(ctx, e) from None
+
+    def invoke(self, ctx):
+        if ctx.params.get("print_config"):
+            sys.stdout.write(effective_config(ctx))
+            ctx.exit(0)
+        return super().invoke(ctx)
 
     def collect_usage_pieces(self, ctx) -> list[str]:
         """Click's usage line ('[OPTIONS] DATA_DIR', '[OPTIONS] SAVE_DIR...'), not typer's '{DATA_DIR}'."""

@@ -12,6 +12,7 @@ import typer
 from nmt_cli.errors import NmtError
 
 from .commandline import err, handle_errors
+from .config import ConfigFlag, PrintConfigFlag
 from .flags import SpmType, Tokenizer
 
 
@@ -50,6 +51,8 @@ def prepare_cmd(
         help="A word that may begin a line and stays one vocabulary symbol, untokenized (repeatable): a tag "
              "such as <BT> on back-translated sources; stored with the model.")] = None,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+    config: ConfigFlag = None,
+    print_config: PrintConfigFlag = False,
 ) -> None:
     """Moses-tokenize and learn joint BPE (or learn SentencePiece), apply it, build a shared vocabulary and
     binarize: raw text in, data dir out."""

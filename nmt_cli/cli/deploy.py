@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from .commandline import collect_after_loading, err, handle_errors, start_up_done
+from .config import ConfigFlag, PrintConfigFlag
 from .flags import DeviceFlag, Engine, EngineFlag, InferencePrecisionFlag, ModelsFlag, Precision, ThreadsFlag
 
 
@@ -43,6 +44,8 @@ def serve_cmd(
     precision: InferencePrecisionFlag = Precision.fp32,
     threads: ThreadsFlag = 0,
     engine: EngineFlag = Engine.auto,
+    config: ConfigFlag = None,
+    print_config: PrintConfigFlag = False,
 ) -> None:
     """Serve translations over HTTP: POST /translate {"text": [...], "beam": 4}, a page to try them at GET /,
     GET /health, GET /info, GET /metrics."""

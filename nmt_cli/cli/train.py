@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from .commandline import err, handle_errors
+from .config import ConfigFlag, PrintConfigFlag
 from .flags import P_DATA, P_DEVICE, P_LOG, P_MODEL, P_OPTIM, P_STOP, Arch, CommPrecision, DeviceFlag, Precision
 
 
@@ -102,6 +103,8 @@ def train_cmd(
         "--background-save/--no-background-save", rich_help_panel=P_STOP,
         help="Write checkpoints on a background thread while training goes on (one save in flight).")] = True,
     quiet: Annotated[bool, typer.Option(rich_help_panel=P_LOG, help="No progress bar or log lines.")] = False,
+    config: ConfigFlag = None,
+    print_config: PrintConfigFlag = False,
 ) -> None:
     """Train the Transformer (single process, or one per GPU/CPU under torchrun); resumes from checkpoint_last.pt."""
     flags = {k: v.value if isinstance(v, Enum) else v for k, v in locals().items()}  # before any other name
@@ -117,9 +120,10 @@ def train_cmd(
     if threads:
         torch.set_num_threads(threads)
     opts = TrainOptions(**{f.name: flags[f.name] for f in fields(TrainOptions)})
-    # the flags on the command line (or in the environment); by name: typer may bring its own copy of click
+    # the flags on the command line, in a --config file or the environment; by name: typer may bring its own
+    # copy of click
     sources = {name: getattr(context.get_parameter_source(name), "name", None) for name in flags if name != "context"}
-    given = {name for name, source in sources.items() if source not in (None, "DEFAULT", "DEFAULT_MAP")}
+    given = {name for name, source in sources.items() if source not in (None, "DEFAULT")}  # a --config's too
     summary = train(kept_run_options(opts, given))  # a resume keeps the run's options that are not given
     message, code = end_of_run(summary, save_dir)
     if int(os.environ.get("RANK", "0")) == 0 and (code or not quiet or summary["reason"] == "already_finished"):
@@ -150,6 +154,8 @@ def average_cmd(
         metavar="CHECKPOINT", help="Checkpoints, or a save dir with --last.")] = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="Averaged model file.")] = Path("model.pt"),
     last: Annotated[int, typer.Option(help="Average the last N numbered checkpoints of the save dir given.")] = 0,
+    config: ConfigFlag = None,
+    print_config: PrintConfigFlag = False,
 ) -> None:
     """Average checkpoints' parameters (the paper averages the last 5 or 20) into a self-contained model."""
     from nmt_cli.model.checkpoint import average_checkpoints, checkpoints_to_average, save_checkpoint

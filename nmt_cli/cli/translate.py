@@ -10,6 +10,7 @@ import typer
 from nmt_cli.errors import NmtError
 
 from .commandline import collect_after_loading, err, handle_errors, start_up_done
+from .config import ConfigFlag, PrintConfigFlag
 from .flags import (
     P_DEVICE,
     P_IO,
@@ -88,6 +89,8 @@ def translate_cmd(
     constraints: Annotated[Optional[Path], typer.Option(rich_help_panel=P_STEER, help=(
         "Target phrases each output must contain, tab-separated, one line per input line (empty: none); beam "
         "search with nmt's engine; needs --input."))] = None,
+    config: ConfigFlag = None,
+    print_config: PrintConfigFlag = False,
 ) -> None:
     """Translate raw text; output is detokenized, one line per input line, in input order."""
     from nmt_cli.decode.pipeline import TextTranslator
@@ -136,6 +139,8 @@ def score_cmd(
         help="BLEU's tokenizer: 13a, intl, zh, char, ja-mecab, ko-mecab or none [default: by the target "
              "language]", show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    config: ConfigFlag = None,
+    print_config: PrintConfigFlag = False,
 ) -> None:
     """Score detokenized hypotheses against references with sacreBLEU (scores and signatures)."""
     from nmt_cli.decode.score import print_scores, score_files
