@@ -556,3 +556,42 @@ def test_a_resume_keeps_the_runs_own_options_and_changes_only_those_given(toy_da
     assert "nmt train: warning: resuming at update 6 with --warmup 20 -> 30" in changed.stderr
     options = json.loads((resumed / "options.json").read_text())
     assert (options["warmup"], options["lr_scale"], options["max_updates"]) == (30, 0.5, 7)
+
+
+def test_lr_is_the_peak_of_eq_3_and_one_flag_of_the_two_is_given():
+    from nmt_cli.training.update import lr_scale_for_peak
+
+    for d_model, warmup, peak in ((512, 4000, 7e-4), (64, 20, 5e-3), (1024, 1, 1e-3)):
+        scale = lr_scale_for_peak(peak, d_model, warmup)
+        rates = [inverse_sqrt_lr(step, d_model, warmup, scale) for step in range(1, 2 * warmup + 2)]
+        assert rates[warmup - 1] == pytest.approx(peak, rel=1e-12) and max(rates) == rates[warmup - 1]
+    assert lr_scale_for_peak(inverse_sqrt_lr(4000, 512, 4000), 512, 4000) == pytest.approx(1.0)  # the paper's
+    expect_error(run_cli("train", "d", "--save-dir", "s", "--lr", "1e-3", "--lr-scale", "2"), "--lr and --lr-scale")
+    expect_error(run_cli("train", "d", "--save-dir", "s", "--adam-betas", "0.9"), "--adam-betas must be two numbers")
+
+
+def test_weight_decay_is_decoupled_and_a_resume_applies_new_adam_settings(toy_data, tmp_path):
+    """One update from the same weights and batch with --weight-decay 0, 0.1 and 0.2: the decay takes lr x wd x w
+    off each weight beside Adam's step (decoupled, as AdamW), so the 0.2 run sits twice as far from the 0 run
+    as the 0.1 run. A resume with other --adam-betas / --weight-decay trains with them and names them."""
+    weights = {}
+    for decay in (0.0, 0.1, 0.2):
+        save = tmp_path / f"wd{decay}"
+        train(TrainOptions(data=toy_data, save_dir=save, arch="tiny", max_tokens=512, max_updates=1, warmup=1,
+                           lr=1e-2, dropout=0.0, weight_decay=decay, device="cpu", precision="fp32", quiet=True,
+                           valid_interval=0))
+        weights[decay] = load_checkpoint(save / "checkpoint_last.pt")["model"]
+    for name, base in weights[0.0].items():
+        if base.is_floating_point() and base.abs().sum() > 0 and name.endswith("weight"):
+            one, two = base - weights[0.1][name], base - weights[0.2][name]
+            assert one.abs().max() > 1e-6, name
+            torch.testing.assert_close(two, 2 * one, rtol=1e-3, atol=1e-7, msg=name)
+    save = tmp_path / "wd0.1"
+    summary = train(TrainOptions(data=toy_data, save_dir=save, arch="tiny", max_tokens=512, max_updates=2, warmup=1,
+                                 lr=1e-2, dropout=0.0, weight_decay=0.2, adam_betas=(0.8, 0.99), device="cpu",
+                                 precision="fp32", quiet=True))
+    assert summary["updates"] == 2
+    groups = torch.load(save / "checkpoint_last.pt", weights_only=True)["optimizer"]["param_groups"]
+    assert [(tuple(g["betas"]), g["weight_decay"]) for g in groups] == [((0.8, 0.99), 0.2)]
+    warnings = [json.loads(x)["message"] for x in (save / "train.jsonl").read_text().splitlines() if '"warning"' in x]
+    assert any("--weight-decay 0.1 -> 0.2" in w and "--adam-betas" in w for w in warnings), warnings

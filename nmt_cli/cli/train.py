@@ -9,6 +9,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from nmt_cli.errors import NmtError
+
 from .commandline import err, handle_errors
 from .config import ConfigFlag, PrintConfigFlag
 from .flags import P_DATA, P_DEVICE, P_LOG, P_MODEL, P_OPTIM, P_STOP, Arch, CommPrecision, DeviceFlag, Precision
@@ -79,6 +81,13 @@ def train_cmd(
     patience: Annotated[int, typer.Option(
         rich_help_panel=P_STOP, help="Stop after N validations without improvement (0: off).")] = 0,
     lr_scale: Annotated[float, typer.Option(rich_help_panel=P_OPTIM, help="Factor on the eq. 3 learning rate.")] = 1.0,
+    lr: Annotated[Optional[float], typer.Option(rich_help_panel=P_OPTIM, help=(
+        "The peak learning rate (fairseq's --lr), reached at update --warmup: eq. 3's factor is set to give it "
+        "(in place of --lr-scale)."), show_default=False)] = None,
+    adam_betas: Annotated[str, typer.Option(rich_help_panel=P_OPTIM, help=(
+        "Adam's beta1 and beta2, as '0.9,0.98' or fairseq's '(0.9, 0.98)' (paper: 0.9, 0.98)."))] = "0.9,0.98",
+    weight_decay: Annotated[float, typer.Option(rich_help_panel=P_OPTIM, help=(
+        "Weight decay, decoupled from the gradient (AdamW), as fairseq's adam applies it (0: off)."))] = 0.0,
     warmup: Annotated[int, typer.Option(rich_help_panel=P_OPTIM, help=(
         "Warmup updates of eq. 3 (paper: 4000; small data: the Multi30k recipe's 1000 with --lr-scale 0.5)."))] = 4000,
     cooldown: Annotated[float, typer.Option(
@@ -119,17 +128,33 @@ def train_cmd(
 
     if threads:
         torch.set_num_threads(threads)
+    flags["adam_betas"] = parse_betas(adam_betas)
     opts = TrainOptions(**{f.name: flags[f.name] for f in fields(TrainOptions)})
     # the flags on the command line, in a --config file or the environment; by name: typer may bring its own
     # copy of click
     sources = {name: getattr(context.get_parameter_source(name), "name", None) for name in flags if name != "context"}
     given = {name for name, source in sources.items() if source not in (None, "DEFAULT")}  # a --config's too
+    if {"lr", "lr_scale"} <= given:
+        raise NmtError("--lr and --lr-scale both set the learning rate: give one (--lr: the peak; --lr-scale: a "
+                       "factor on eq. 3)")
     summary = train(kept_run_options(opts, given))  # a resume keeps the run's options that are not given
     message, code = end_of_run(summary, save_dir)
     if int(os.environ.get("RANK", "0")) == 0 and (code or not quiet or summary["reason"] == "already_finished"):
         err.print(message, highlight=False)
     if code:
         raise typer.Exit(code)
+
+
+def parse_betas(text: str) -> tuple[float, float]:
+    """--adam-betas as '0.9,0.98', '0.9 0.98' or fairseq's '(0.9, 0.98)'; one line for anything else."""
+    parts = [p for p in text.strip().strip("()[]").replace(",", " ").split() if p]
+    try:
+        betas = tuple(float(p) for p in parts)
+    except ValueError:
+        betas = ()
+    if len(betas) != 2:
+        raise NmtError(f"--adam-betas must be two numbers, as '0.9,0.98' (got {text!r})")
+    return betas  # type: ignore[return-value]
 
 
 @handle_errors

@@ -41,6 +41,9 @@ class TrainOptions:
     eval_bleu: bool = False
     patience: int = 0
     lr_scale: float = 1.0
+    lr: float | None = None  # the peak learning rate (fairseq's --lr): sets the eq. 3 factor in its place
+    adam_betas: tuple[float, float] = (0.9, 0.98)  # section 5.3
+    weight_decay: float = 0.0  # decoupled from the gradient (AdamW), as fairseq's adam applies it
     warmup: int = 4000
     cooldown: float = 0.0  # final share of the budget (--max-updates or --max-time) over which the lr falls to 0
     label_smoothing: float = 0.1

@@ -48,6 +48,7 @@ from .update import (  # noqa: F401  (re-exported: nmt_cli.training.trainer is w
     TranslationLoss,
     autocast_context,
     cooldown_factor,
+    effective_lr_scale,
     inverse_sqrt_lr,
     train_step,
     valid_bleu,
@@ -132,6 +133,10 @@ def check_options(opts: TrainOptions) -> None:
         ("--valid-interval", opts.valid_interval, opts.valid_interval >= 0, "0 (each epoch) or more"),
         ("--patience", opts.patience, opts.patience >= 0, "0 (off) or more"),
         ("--lr-scale", opts.lr_scale, opts.lr_scale > 0, "positive"),
+        ("--lr", opts.lr, opts.lr is None or opts.lr > 0, "positive"),
+        ("--adam-betas", opts.adam_betas, len(opts.adam_betas) == 2 and all(0 <= b < 1 for b in opts.adam_betas),
+         "two numbers in [0, 1)"),
+        ("--weight-decay", opts.weight_decay, opts.weight_decay >= 0, "0 (off) or more"),
         ("--warmup", opts.warmup, opts.warmup >= 1, "at least 1"),
         ("--cooldown", opts.cooldown, 0 <= opts.cooldown < 1, "in [0, 1)"),
         ("--label-smoothing", opts.label_smoothing, 0 <= opts.label_smoothing < 1, "in [0, 1)"),
@@ -178,7 +183,8 @@ def check_architecture_flags(opts: TrainOptions, model: ModelConfig) -> None:
 EXACT_RESUME_OPTIONS = ("max_tokens", "update_freq", "seed")
 # Options a resumed run may change; it follows the new values from the next update on, and says so.
 # The dropout rates may change too; they are compared as the model config has them (see `resumed_config`).
-SCHEDULE_OPTIONS = ("lr_scale", "warmup", "cooldown", "label_smoothing", "clip_norm", "precision")
+SCHEDULE_OPTIONS = ("lr_scale", "lr", "warmup", "cooldown", "label_smoothing", "clip_norm", "precision",
+                    "adam_betas", "weight_decay")
 DROPOUT_FIELDS = ("dropout", "attention_dropout", "activation_dropout")
 
 
@@ -202,8 +208,12 @@ def kept_run_options(opts: TrainOptions, given: Collection[str]) -> TrainOptions
     for f in fields(TrainOptions):
         if f.name in given or f.name in NOT_KEPT_ON_RESUME or f.name not in stored:
             continue
+        if f.name == "lr" and "lr_scale" in given:  # the two name one rate: the one given replaces the run's
+            continue
         value = stored[f.name]
-        kept[f.name] = Path(value) if value is not None and f.name == "tensorboard" else value
+        if value is not None and f.name == "tensorboard":
+            value = Path(value)
+        kept[f.name] = tuple(value) if isinstance(value, list) else value
     return replace(opts, **kept)
 
 
@@ -260,6 +270,16 @@ def stopping_line(opts: TrainOptions) -> str:
         return ("no stopping limit (--max-updates, --max-epochs, --max-time or --patience): trains until stopped; "
                 + safe)
     return f"stops after {' or '.join(limits)}, whichever comes first; " + safe
+
+
+def schedule_line(opts: TrainOptions, d_model: int, scale: float) -> str:
+    """The learning rate and optimizer a run trains with, said once at start-up: whichever of --lr and
+    --lr-scale was given, both in the other's terms."""
+    peak = inverse_sqrt_lr(opts.warmup, d_model, opts.warmup, scale)
+    betas = ", ".join(f"{b:g}" for b in opts.adam_betas)
+    decay = f", weight decay {opts.weight_decay:g} (decoupled)" if opts.weight_decay else ""
+    return (f"learning rate: eq. 3 with --warmup {opts.warmup}, peak {peak:.3g} at update {opts.warmup} "
+            f"(--lr {peak:.3g} = --lr-scale {scale:.4g}); Adam betas ({betas}){decay}")
 
 
 def end_of_run(summary: dict, save_dir: Path) -> tuple[str, int]:
@@ -341,7 +361,9 @@ class Trainer:
             model.compile_layers()
         self.compile_pending = opts.compile  # the first update compiles: its time is reported
         # fused: one kernel for all parameters' Adam update (CPU and CUDA); the per-tensor loop cost 4x more.
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9, fused=True)
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=0.0, betas=tuple(opts.adam_betas), eps=1e-9,
+                                          weight_decay=opts.weight_decay, decoupled_weight_decay=True, fused=True)
+        self.lr_scale = effective_lr_scale(opts, config.d_model)
         self.scaler = torch.amp.GradScaler(device.type, enabled=opts.precision == "fp16")
         self.state = TrainState(world_size=ctx.world_size)
         if initial is not None and resume is None:
@@ -349,6 +371,8 @@ class Trainer:
         if resume is not None:
             model.load_state_dict(resume["model"])
             self.optimizer.load_state_dict(resume["optimizer"])
+            for group in self.optimizer.param_groups:  # the saved ones; a resume may change them (and says so)
+                group["betas"], group["weight_decay"] = tuple(opts.adam_betas), opts.weight_decay
             if (fresh_scale := restore_scaler(self.scaler, resume["scaler"])) is not None:
                 self.schedule_changes.append(fresh_scale)
             self.state = TrainState.from_dict(resume["progress"])
@@ -484,6 +508,8 @@ class Trainer:
                     print(f"nmt train: warning: {warning}", file=sys.stderr, flush=True)
             if ctx.is_main and not opts.quiet:
                 print(f"nmt train: {stopping_line(opts)}", file=sys.stderr, flush=True)
+                print(f"nmt train: {schedule_line(opts, self.config.d_model, self.lr_scale)}", file=sys.stderr,
+                      flush=True)
             if opts.init_from is not None and not self.resumed:
                 self.validate_starting_point()
             self.start = time.monotonic() - state.elapsed
@@ -575,7 +601,7 @@ class Trainer:
     def step(self, micro: list[Batch], batches_in_epoch: int) -> str | None:
         """One update and its bookkeeping; returns the stop reason, if any."""
         opts, state = self.opts, self.state
-        lr = inverse_sqrt_lr(state.updates + 1, self.config.d_model, opts.warmup, opts.lr_scale)
+        lr = inverse_sqrt_lr(state.updates + 1, self.config.d_model, opts.warmup, self.lr_scale)
         lr *= cooldown_factor(self.budget_used(), opts.cooldown)
         for group in self.optimizer.param_groups:
             group["lr"] = lr

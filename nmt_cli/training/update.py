@@ -28,6 +28,16 @@ def inverse_sqrt_lr(step: int, d_model: int, warmup: int, scale: float = 1.0) ->
     return scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
+def lr_scale_for_peak(peak: float, d_model: int, warmup: int) -> float:
+    """The factor on eq. 3 whose rate peaks (at update `warmup`) at `peak`: fairseq's --lr in the paper's terms."""
+    return peak / inverse_sqrt_lr(warmup, d_model, warmup)
+
+
+def effective_lr_scale(opts: TrainOptions, d_model: int) -> float:
+    """The eq. 3 factor a run trains with: --lr's, where given, else --lr-scale."""
+    return opts.lr_scale if opts.lr is None else lr_scale_for_peak(opts.lr, d_model, opts.warmup)
+
+
 def cooldown_factor(budget_used: float, cooldown: float) -> float:
     """The factor on the learning rate that falls linearly from 1 to 0 over the final `cooldown` share of
     the training budget (the trapezoidal schedule's cool-down); 1 before it, and always 1 when cooldown is 0."""
