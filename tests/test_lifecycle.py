@@ -671,7 +671,7 @@ def test_a_full_disk_during_a_save_is_one_line_and_the_next_run_sets_the_dead_ru
     import sys
 
     save = tmp_path / "run"
-    train = ["train", toy_data, "--save-dir", save, "--arch", "tiny", "--max-tokens", "256", "--warmup", "10",
+    train = ["train", toy_data, "--save-dir", save, "--arch", "tiny", "--max-tokens", "256", "--warmup", "2",
              "--save-interval-updates", "2", "--device", "cpu", "--quiet"]
 
     def limited() -> None:  # checkpoints of the tiny model are ~1 MB; the log and options stay far below

@@ -491,7 +491,8 @@ class Trainer:
             self.log.write({"event": "start", "resumed_at": state.updates if self.resumed else None,
                             "parameters": count_parameters(self.model), "config": self.config.to_dict(),
                             "world_size": ctx.world_size, "device": str(self.device), "precision": opts.precision})
-            warnings = [] if self.resumed else [schedule_warning(opts)]
+            # (message, printed with --quiet too): what a resume changes is not progress; advice on a schedule is
+            warnings = [] if self.resumed else [(schedule_warning(opts), False)]
             if ctx.is_main and set_aside is not None:  # not progress: printed with --quiet too
                 count, folder = set_aside
                 message = (f"{self.save_dir} holds {count} numbered checkpoints but no checkpoint_last.pt (a run that "
@@ -500,11 +501,13 @@ class Trainer:
                 self.log.write({"event": "warning", "message": message})
                 print(f"nmt train: warning: {message}", file=sys.stderr, flush=True)
             if self.schedule_changes:
-                warnings.append(f"resuming at update {state.updates} with {'; '.join(self.schedule_changes)}: "
-                                "the new values apply from the next update on")
-            for warning in filter(None, warnings):
+                warnings.append((f"resuming at update {state.updates} with {'; '.join(self.schedule_changes)}: "
+                                 "the new values apply from the next update on", True))
+            for warning, always in warnings:
+                if warning is None:
+                    continue
                 self.log.write({"event": "warning", "message": warning})
-                if ctx.is_main:  # not progress: printed with --quiet too
+                if ctx.is_main and (always or not opts.quiet):
                     print(f"nmt train: warning: {warning}", file=sys.stderr, flush=True)
             if ctx.is_main and not opts.quiet:
                 print(f"nmt train: {stopping_line(opts)}", file=sys.stderr, flush=True)
