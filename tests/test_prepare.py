@@ -445,3 +445,36 @@ def test_a_tag_on_source_lines_is_one_symbol_and_changes_nothing_else(multi30k_s
         assert (tmp_path / "t" / "bpe.codes").read_text() == (tmp_path / "plain" / "bpe.codes").read_text()
     expect_error(run_cli("prepare", "-s", "en", "-t", "de", "--train", tagged / "train", "--valid",
                          multi30k_subset / "val", "--out", tmp_path / "bad", "--tag", "<B T>"), "--tag", "one word")
+
+
+def test_each_filter_removes_its_defect_and_counts_it_and_each_can_be_turned_off(tmp_path):
+    """A made-up corpus with a known number of each defect: 10 good pairs, 3 repeats of a good pair, 2 copies
+    (source = target), 1 empty side, 1 side over --max-len, 1 pair over --max-ratio. meta.json counts each
+    filter's drops, the summary line names them, and --keep-duplicates / --keep-copies keep those pairs."""
+    words = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta"]
+    good = [(f"{words[i % 8]} {words[(i + 1) % 8]} {words[(i + 3) % 8]} w{i} .",
+             f"{words[(i + 2) % 8]} {words[(i + 5) % 8]} x{i} y{i} .") for i in range(10)]
+    defects = [good[4], good[4], good[7],  # duplicates
+               ("same words here .", "same words here ."), ("copy me too .", "copy me too ."),  # copies
+               ("nothing on the other side .", ""),  # empty
+               (" ".join(words + words) + " .", "short but fine here ."),  # over --max-len 8
+               ("alpha beta gamma delta omega sigma .", "kappa theta ."),  # over --max-ratio 1.5
+               ]
+    pairs = good + defects
+    for name, rows in (("train", pairs), ("val", good[:2])):
+        (tmp_path / f"{name}.en").write_text("".join(s + "\n" for s, _ in rows))
+        (tmp_path / f"{name}.de").write_text("".join(t + "\n" for _, t in rows))
+    args = ["prepare", "-s", "en", "-t", "de", "--train", tmp_path / "train", "--valid", tmp_path / "val",
+            "--bpe-merges", "1000", "--max-len", "8", "--workers", "1"]
+    result = run_cli(*args, "--out", tmp_path / "cleaned")
+    assert result.exit_code == 0, result.output
+    meta = json.loads((tmp_path / "cleaned" / "meta.json").read_text())
+    filtered = meta["splits"]["train"]["filtered"]
+    assert filtered["dropped"] == {"empty": 1, "too_long": 1, "ratio": 1, "copy": 2, "duplicate": 3}
+    assert filtered["kept"] == meta["splits"]["train"]["sentences"] == 10 and filtered["input_sentences"] == 18
+    assert "2 copies, 3 duplicates" in result.stderr
+    kept = run_cli(*args, "--out", tmp_path / "kept", "--keep-duplicates", "--keep-copies")
+    assert kept.exit_code == 0, kept.output
+    filtered = json.loads((tmp_path / "kept" / "meta.json").read_text())["splits"]["train"]["filtered"]
+    assert filtered["dropped"] == {"empty": 1, "too_long": 1, "ratio": 1, "copy": 0, "duplicate": 0}
+    assert filtered["kept"] == 15

@@ -13,7 +13,7 @@ from nmt_cli.errors import NmtError
 
 from .commandline import err, handle_errors
 from .config import ConfigFlag, PrintConfigFlag
-from .flags import SpmType, Tokenizer
+from .flags import RemoveCopiesFlag, RemoveDuplicatesFlag, SpmType, Tokenizer
 
 
 @handle_errors
@@ -51,6 +51,8 @@ def prepare_cmd(
         help="A word that may begin a line and stays one vocabulary symbol, untokenized (repeatable): a tag "
              "such as <BT> on back-translated sources; stored with the model.")] = None,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+    remove_duplicates: RemoveDuplicatesFlag = True,
+    remove_copies: RemoveCopiesFlag = True,
     config: ConfigFlag = None,
     print_config: PrintConfigFlag = False,
 ) -> None:
@@ -64,7 +66,8 @@ def prepare_cmd(
                                   workers if workers != 0 else (os.cpu_count() or 1), max_len, max_ratio,
                                   vocab_threshold, force, quiet, normalize_punctuation, from_model,
                                   tokenizer.value if tokenizer else "moses", vocab_size, spm_type.value, spm_sample,
-                                  tokenizer_given=tokenizer is not None, tags=tuple(tag or ())))
+                                  tokenizer_given=tokenizer is not None, tags=tuple(tag or ()),
+                                  remove_duplicates=remove_duplicates, remove_copies=remove_copies))
     if not quiet:
         err.print(summary_line(meta, out), highlight=False)
 
@@ -123,6 +126,8 @@ def binarize_cmd(
     max_ratio: Annotated[float, typer.Option(help="Drop training pairs whose length ratio exceeds this.")] = 1.5,
     vocab_threshold: Annotated[int, typer.Option(help="Keep BPE pieces seen at least this often.")] = 1,
     force: Annotated[bool, typer.Option(help="Replace a data dir nmt made at --out (nothing else).")] = False,
+    remove_duplicates: RemoveDuplicatesFlag = True,
+    remove_copies: RemoveCopiesFlag = True,
 ) -> None:
     """Build a trainable data dir from your own tokenized + BPE text (vocabulary from train, meta.json last)."""
     from nmt_cli.data.prepare import PrepareOptions, binarize_segmented
@@ -131,4 +136,5 @@ def binarize_cmd(
     code_text = read_codes(codes) if codes is not None else ""
     binarize_segmented(PrepareOptions(source_lang, target_lang, train, valid, out, test or [], max_len=max_len,
                                       max_ratio=max_ratio, vocab_threshold=vocab_threshold, force=force,
-                                      quiet=True, workers=os.cpu_count() or 1), code_text)
+                                      quiet=True, workers=os.cpu_count() or 1, remove_duplicates=remove_duplicates,
+                                      remove_copies=remove_copies), code_text)

@@ -40,3 +40,8 @@ InferencePrecisionFlag = Annotated[Precision, typer.Option(rich_help_panel=P_DEV
 ThreadsFlag = Annotated[int, typer.Option(rich_help_panel=P_DEVICE, help=(
     "CPU threads in all (0: torch's default; an exported model up to 4)."))]
 EngineFlag = Annotated[Engine, typer.Option(rich_help_panel=P_DEVICE, help=ENGINE_HELP)]
+# Training-pair filters that nmt prepare and nmt binarize apply alike (the counts are in meta.json).
+RemoveDuplicatesFlag = Annotated[bool, typer.Option(
+    "--remove-duplicates/--keep-duplicates", help="Drop a training pair seen before (both sides equal).")]
+RemoveCopiesFlag = Annotated[bool, typer.Option(
+    "--remove-copies/--keep-copies", help="Drop a training pair whose source equals its target (untranslated).")]

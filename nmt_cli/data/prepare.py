@@ -88,6 +88,8 @@ class PrepareOptions:
     spm_sample: int = 1_000_000  # SentencePiece learns from at most this many lines, drawn at random
     tokenizer_given: bool = False  # --tokenizer was on the command line (checked against --from-model's)
     tags: Sequence[str] = ()  # words that may begin a line, kept as one symbol (a back-translation tag: <BT>)
+    remove_duplicates: bool = True  # training pairs seen before (both sides equal after segmentation)
+    remove_copies: bool = True  # training pairs whose source equals their target (untranslated)
 
     def ratio_limit(self) -> float | None:
         """The length-ratio filter in effect: --max-ratio, or by default 1.5, except between a CJK language and
@@ -124,16 +126,22 @@ def pair_chunks(src_path: Path, tgt_path: Path, size: int = CHUNK) -> Iterator[t
         yield src, tgt
 
 
-def filter_pairs(src: list[str], tgt: list[str], max_len: int,
-                 max_ratio: float | None) -> tuple[list[int], dict[str, int]]:
+DROP_REASONS = ("empty", "too_long", "ratio", "copy", "duplicate")
+
+
+def filter_pairs(src: list[str], tgt: list[str], max_len: int, max_ratio: float | None,
+                 remove_copies: bool = True) -> tuple[list[int], dict[str, int]]:
     """Indices of training pairs kept (like Moses clean-corpus-n, on pieces; no ratio test when `max_ratio` is
-    None), and drop counts by reason."""
+    None; with `remove_copies`, no pair whose source is its target), and drop counts by reason (duplicates are
+    counted by the caller, which sees every chunk)."""
     kept: list[int] = []
-    dropped = {"empty": 0, "too_long": 0, "ratio": 0}
+    dropped = dict.fromkeys(DROP_REASONS, 0)
     for i, (s, t) in enumerate(zip(src, tgt)):
         ls, lt = len(s.split()), len(t.split())
         if ls == 0 or lt == 0:
             dropped["empty"] += 1
+        elif remove_copies and s == t:
+            dropped["copy"] += 1
         elif ls > max_len or lt > max_len:
             dropped["too_long"] += 1
         elif max_ratio is not None and (ls > max_ratio * lt or lt > max_ratio * ls):
@@ -183,6 +191,32 @@ def _tokenize_job(job: tuple[list[str], list[str], bool]) -> tuple[list[str], li
     return src_tok, tgt_tok, counts, han
 
 
+class PairSet:
+    """The training pairs kept so far, as 8-byte digests (about 60 bytes of memory per pair): a pair already
+    seen is a duplicate."""
+
+    def __init__(self) -> None:
+        self.digests: set[bytes] = set()
+
+    def first_time(self, src: list[str], tgt: list[str], dropped: dict, pieces: Counter) -> tuple[list, list]:
+        """The pairs of a chunk not seen before (in order); each duplicate counted in `dropped` and its pieces
+        taken out of `pieces`, so the vocabulary counts what is kept."""
+        import hashlib
+
+        kept_src, kept_tgt = [], []
+        for s, t in zip(src, tgt):
+            digest = hashlib.blake2b(f"{s}\t{t}".encode(), digest_size=8).digest()
+            if digest in self.digests:
+                dropped["duplicate"] += 1
+                pieces.subtract(s.split())
+                pieces.subtract(t.split())
+            else:
+                self.digests.add(digest)
+                kept_src.append(s)
+                kept_tgt.append(t)
+        return kept_src, kept_tgt
+
+
 def _segment_job(job: tuple[list[str], list[str], bool]) -> tuple[list[str], list[str], dict | None, Counter | None]:
     """Apply BPE to a chunk of pairs; training chunks are filtered and their pieces counted."""
     src, tgt, is_train = job
@@ -191,7 +225,7 @@ def _segment_job(job: tuple[list[str], list[str], bool]) -> tuple[list[str], lis
         src, tgt = [bpe(line) for line in src], [bpe(line) for line in tgt]
     if not is_train:
         return src, tgt, None, None
-    kept, dropped = filter_pairs(src, tgt, _worker["max_len"], _worker["max_ratio"])
+    kept, dropped = filter_pairs(src, tgt, _worker["max_len"], _worker["max_ratio"], _worker["remove_copies"])
     src, tgt = [src[i] for i in kept], [tgt[i] for i in kept]
     pieces = Counter(p for lines in (src, tgt) for line in lines for p in line.split())
     return src, tgt, dropped, pieces
@@ -501,10 +535,11 @@ def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, c
     work.mkdir(exist_ok=True)
     max_ratio = opts.ratio_limit()
     state = {"codes": codes, "sentencepiece": sentencepiece, "tags": tuple(opts.tags), "max_len": opts.max_len,
-             "max_ratio": max_ratio,
+             "max_ratio": max_ratio, "remove_copies": opts.remove_copies,
              "src_lang": src_lang, "tgt_lang": tgt_lang}
     pieces: Counter = Counter()
-    dropped = {"empty": 0, "too_long": 0, "ratio": 0}
+    dropped = dict.fromkeys(DROP_REASONS, 0)
+    seen = PairSet() if opts.remove_duplicates else None
     input_sentences = 0
     segmented, sentences = {}, {}
     stages.begin("apply SentencePiece" if sentencepiece else "apply BPE" if codes is not None else "filter", None)
@@ -522,6 +557,8 @@ def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, c
         sentences[name] = 0
         for src, tgt, chunk_dropped, chunk_pieces in ordered_map(_segment_job, jobs, opts.workers, _init_worker,
                                                                  (state,)):
+            if chunk_dropped is not None and seen is not None:
+                src, tgt = seen.first_time(src, tgt, chunk_dropped, chunk_pieces)
             raws = ()
             if derive_raw:
                 raws = ([text.detokenize(text.remove_bpe(x), src_lang) for x in src],
@@ -543,7 +580,8 @@ def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, c
     if kept == 0:
         raise NmtError(f"empty corpus: every training pair was filtered out ({dropped})")
     reasons = {"too_long": f"over --max-len {opts.max_len}", "ratio": f"over --max-ratio {max_ratio}",
-               "empty": "with an empty side"}
+               "empty": "with an empty side", "copy": "as copies (source = target; --keep-copies keeps them)",
+               "duplicate": "as duplicates (--keep-duplicates keeps them)"}
     for reason, n in dropped.items():
         if n > LOUD_DROP_SHARE * input_sentences:
             warn(f"{originals['train'][0]}: {n:,} of {input_sentences:,} training pairs "
@@ -617,7 +655,8 @@ def summary_line(meta: dict, out: Path) -> str:
     return (f"wrote {out}: vocabulary {meta['vocab_size']:,}, "
             + ", ".join(f"{k} {v['sentences']:,}" for k, v in meta["splits"].items()) + " sentences; "
             + f"training pairs dropped: {dropped['empty']:,} empty, {dropped['too_long']:,} over --max-len, "
-            + f"{dropped['ratio']:,} over --max-ratio"
+            + f"{dropped['ratio']:,} over --max-ratio, {dropped.get('copy', 0):,} copies, "
+            + f"{dropped.get('duplicate', 0):,} duplicates"
             + "".join(f"; {k} pairs over the model's positions: {n:,}" for k, n in too_long.items()))
 
 
