@@ -1,4 +1,5 @@
-# Multi30k en->de on CPU: data, nmt prepare, nmt train (small), nmt average, nmt translate, nmt score.
+# Multi30k en->de (and en->fr: make multi30k-en-fr) on CPU: data, nmt prepare, nmt train (small), nmt average,
+# nmt translate, nmt score.
 # Every step writes its output atomically and is skipped when that output exists, so `make multi30k` resumes.
 #
 #   make multi30k                          # DATA defaults to ../shared/data/multi30k when it exists, else downloads
@@ -82,6 +83,13 @@ $(EXP)/test.hyp: $(EXP)/model.pt
 multi30k-score: $(EXP)/test.hyp
 	$(NMT) score --ref $(EXP)/data/test.raw.$(TGT) -i $< --metrics bleu,chrf
 	@echo "$(EXP)/model.pt carries the beam and length penalty chosen on val; nmt is in $(BIN): source $(BIN)/activate"
+
+# The paper's other language pair on CPU: Multi30k English->French (Multi30k's French side of train, val and
+# test_2016_flickr), the same recipe, defaults and 60 minutes as `make multi30k`, in FR_EXP.
+FR_EXP ?= exp/multi30k-en-fr
+.PHONY: multi30k-en-fr
+multi30k-en-fr:
+	$(MAKE) --no-print-directory multi30k TGT=fr EXP=$(FR_EXP)
 
 # The paper's Table 3 on Multi30k (recipes/variations.py): one model per row, each changing one thing from the
 # `small` base (the recipe's training flags), VARIATION_UPDATES updates each, dev = val; EXP/variations/ holds

@@ -320,6 +320,27 @@ def test_multi30k_recipe_end_to_end(tmp_path):
     assert again.returncode == 0, again.stdout + again.stderr
 
 
+def test_multi30k_english_french_recipe_at_smoke_size(tmp_path, warm_nmt):
+    """`make multi30k-en-fr` runs `make multi30k` on Multi30k's French side: an en->fr data dir, a model chosen
+    on val, the 300 test lines translated into French and scored against the French references."""
+    data = shared_data("multi30k")
+    exp = tmp_path / "m30k-fr"
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    result = subprocess.run(["make", "-o", ".venv/.installed", "multi30k-en-fr", f"DATA={data}", f"FR_EXP={exp}",
+                             "ARCH=tiny", "LINES=300", "TRAIN_MINUTES=0", "MAX_UPDATES=12", "BPE_MERGES=500",
+                             "AVERAGE_WINDOWS=1", "LENPENS=0.6", "PRECISION=fp32", f"NMT={warm_nmt}"],
+                            cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    meta = json.loads((exp / "data" / "meta.json").read_text())
+    assert (meta["source_lang"], meta["target_lang"]) == ("en", "fr")
+    with gzip.open(data / "test_2016_flickr.fr.gz", "rt", encoding="utf-8") as f:
+        references = [next(f).rstrip("\n") for _ in range(300)]
+    assert (exp / "data" / "test.raw.fr").read_text(encoding="utf-8").splitlines() == references
+    assert len((exp / "test.hyp").read_text(encoding="utf-8").splitlines()) == 300
+    assert load_checkpoint(exp / "model.pt")["target_lang"] == "fr"
+    assert re.search(r"bleu\s*│\s*[\d.]+", result.stdout) and "nrefs:1" in result.stdout
+
+
 def test_tatoeba_recipe_smoke_into_chinese(tmp_path, warm_nmt):
     """make tatoeba-en-zh at smoke size (issue 25): split, SentencePiece, train, choose on valid, translate and
     score test with sacreBLEU's zh tokenizer, read from the model's target language."""
