@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-# A hypothesis's progress: (bitmask of the phrases met, its last output tokens (as many as the longest phrase
-# less one: enough to hold any partial match), constraint tokens met in all: its bank).
+# A hypothesis's progress: (bitmask of the phrases met, per phrase the tokens of it matched so far (the longest
+# prefix of it that the output ends with; () at the start: none), constraint tokens met in all: its bank).
 Progress = tuple[int, tuple[int, ...], int]
 START: Progress = (0, (), 0)
 
@@ -19,41 +19,75 @@ def bank(progress: Progress) -> int:
     return progress[2]
 
 
+def borders(phrase: Sequence[int]) -> tuple[int, ...]:
+    """Knuth-Morris-Pratt's failure function: per prefix phrase[:i + 1], the length of its longest proper prefix
+    that is also its suffix, where a match that fails after i + 1 tokens goes on from."""
+    found = [0] * len(phrase)
+    k = 0
+    for i in range(1, len(phrase)):
+        while k and phrase[i] != phrase[k]:
+            k = found[k - 1]
+        if phrase[i] == phrase[k]:
+            k += 1
+        found[i] = k
+    return tuple(found)
+
+
 @dataclass(frozen=True)
 class Phrases:
-    """One sentence's constraints: target phrases (token ids) that must each appear in its output."""
+    """One sentence's constraints: target phrases (token ids) that must each appear in its output. Each unmet
+    phrase is matched as Knuth-Morris-Pratt matches it, so a failed partial match falls back to the longest one
+    still alive ("a a a b" meets "a a b") and phrases that overlap are all met ("x" and "x y" by "x y")."""
 
     phrases: tuple[tuple[int, ...], ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fallbacks", tuple(borders(p) for p in self.phrases))
+        object.__setattr__(self, "lengths", tuple(len(p) for p in self.phrases))
+        object.__setattr__(self, "alphabet", frozenset(t for p in self.phrases for t in p))
+        object.__setattr__(self, "firsts", {})  # met mask -> the first tokens of the phrases not met
 
     @property
     def all_met(self) -> int:
         return (1 << len(self.phrases)) - 1
 
-    def _partial(self, met: int, tail: tuple[int, ...]) -> list[tuple[int, int]]:
-        """(phrase, tokens of it matched) for every unmet phrase whose first tokens end `tail`, however many
-        (0 included): overlapping matches are all kept, as an Aho-Corasick automaton's states would be, so a
-        failed match falls back to the longest one still alive ("a a a b" meets "a a b")."""
-        return [(c, k) for c, phrase in enumerate(self.phrases) if not met >> c & 1
-                for k in range(min(len(phrase) - 1, len(tail)), -1, -1) if tail[len(tail) - k :] == phrase[:k]]
-
     def advance(self, progress: Progress, token: int) -> Progress:
-        """The progress after `token`: every unmet phrase that the output now ends with is met (several at once
-        with "x" and "x y" after "x y"), and the bank counts the met phrases' tokens and the longest partial
-        match of an unmet one."""
-        met, tail, _ = progress
-        keep = max(map(len, self.phrases)) - 1
-        tail = (*tail, token)
+        """The progress after `token`: each unmet phrase's match moves on, falls back, or is complete."""
+        met, matched, _ = progress
+        if token not in self.alphabet:  # most tokens: every match starts over (the common case, kept cheap)
+            if not matched:
+                return progress
+            return met, (), sum(n for c, n in enumerate(self.lengths) if met >> c & 1)
+        after = []
+        longest = 0
         for c, phrase in enumerate(self.phrases):
-            if not met >> c & 1 and tail[-len(phrase) :] == phrase:
+            if met >> c & 1:
+                after.append(0)
+                continue
+            k = matched[c] if matched else 0
+            while k and phrase[k] != token:
+                k = self.fallbacks[c][k - 1]
+            if phrase[k] == token:
+                k += 1
+            if k == self.lengths[c]:
                 met |= 1 << c
-        tail = tail[-keep:] if keep else ()
-        matched = max((k for _, k in self._partial(met, tail)), default=0)
-        return met, tail, sum(len(p) for c, p in enumerate(self.phrases) if met >> c & 1) + matched
+                k = 0
+            after.append(k)
+            longest = max(longest, k)
+        done = sum(n for c, n in enumerate(self.lengths) if met >> c & 1)
+        return met, tuple(after), done + longest
 
     def wanted(self, progress: Progress) -> list[int]:
-        """Tokens that make progress: the next token of each partial match, the first of each unmet phrase."""
-        met, tail, _ = progress
-        return list(dict.fromkeys(self.phrases[c][k] for c, k in self._partial(met, tail)))
+        """Tokens that make progress: the next token of each unmet phrase's match, and each one's first."""
+        met, matched, _ = progress
+        firsts = self.firsts.get(met)
+        if firsts is None:
+            firsts = list(dict.fromkeys(p[0] for c, p in enumerate(self.phrases) if not met >> c & 1))
+            self.firsts[met] = firsts  # shared by the calls with this mask: callers only read it
+        if not matched:
+            return firsts
+        tokens = [p[matched[c]] for c, p in enumerate(self.phrases) if matched[c] and not met >> c & 1]
+        return list(dict.fromkeys(tokens + firsts))
 
     def complete(self, progress: Progress) -> bool:
         return progress[0] == self.all_met
