@@ -595,3 +595,38 @@ def test_weight_decay_is_decoupled_and_a_resume_applies_new_adam_settings(toy_da
     assert [(tuple(g["betas"]), g["weight_decay"]) for g in groups] == [((0.8, 0.99), 0.2)]
     warnings = [json.loads(x)["message"] for x in (save / "train.jsonl").read_text().splitlines() if '"warning"' in x]
     assert any("--weight-decay 0.1 -> 0.2" in w and "--adam-betas" in w for w in warnings), warnings
+
+
+def test_ema_of_constant_weights_is_those_weights_and_a_resumed_run_keeps_it_bit_for_bit(toy_data, tmp_path):
+    """--ema: the moving average of weights that do not change is those weights; a run resumed halfway has the
+    same weights and the same moving average, to the bit, as the run uninterrupted; the average follows the
+    weights (between them and where they started); `nmt average --ema` makes a model of it."""
+    from nmt_cli.training.update import update_ema
+
+    weights = [torch.randn(5, 3), torch.randn(7)]
+    ema = [w.clone() for w in weights]
+    for _ in range(10):
+        update_ema(ema, weights, 0.9)
+    assert all(torch.equal(e, w) for e, w in zip(ema, weights))
+
+    flags = dict(arch="tiny", max_tokens=512, warmup=10, dropout=0.0, device="cpu", precision="fp32", quiet=True,
+                 seed=7, ema=0.9)
+    train(TrainOptions(data=toy_data, save_dir=tmp_path / "straight", max_updates=6, **flags))
+    train(TrainOptions(data=toy_data, save_dir=tmp_path / "resumed", max_updates=3, **flags))
+    train(TrainOptions(data=toy_data, save_dir=tmp_path / "resumed", max_updates=6, **flags))
+    a, b = (load_checkpoint(tmp_path / d / "checkpoint_last.pt") for d in ("straight", "resumed"))
+    assert a["ema"].keys() == b["ema"].keys() and all(torch.equal(a["ema"][k], b["ema"][k]) for k in a["ema"])
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    moved = [k for k in a["ema"] if not torch.equal(a["ema"][k], a["model"][k])]
+    assert moved and all(a["ema"][k].dtype == torch.float32 for k in a["ema"])
+    numbered = load_checkpoint(tmp_path / "straight" / "checkpoint_6.pt")
+    assert all(torch.equal(numbered["ema"][k], a["ema"][k]) for k in a["ema"])  # numbered checkpoints carry it
+
+    out = tmp_path / "ema.pt"
+    assert run_cli("average", "--ema", tmp_path / "straight" / "checkpoint_6.pt", "-o", out).exit_code == 0
+    model = load_checkpoint(out)
+    assert "ema" not in model and all(torch.equal(model["model"][k], a["ema"][k]) for k in a["ema"])
+    plain = tmp_path / "plain"
+    train(TrainOptions(data=toy_data, save_dir=plain, max_updates=1, **{**flags, "ema": 0.0}))
+    expect_error(run_cli("average", "--ema", plain / "checkpoint_last.pt", "-o", tmp_path / "x.pt"),
+                 "holds no moving average", "--ema DECAY")

@@ -88,6 +88,9 @@ def train_cmd(
         "Adam's beta1 and beta2, as '0.9,0.98' or fairseq's '(0.9, 0.98)' (paper: 0.9, 0.98)."))] = "0.9,0.98",
     weight_decay: Annotated[float, typer.Option(rich_help_panel=P_OPTIM, help=(
         "Weight decay, decoupled from the gradient (AdamW), as fairseq's adam applies it (0: off)."))] = 0.0,
+    ema: Annotated[float, typer.Option(rich_help_panel=P_OPTIM, help=(
+        "Keep an exponential moving average of the weights with this decay (0.999, say; 0: none), in fp32, "
+        "saved in every checkpoint; nmt average --ema makes a model of it."))] = 0.0,
     warmup: Annotated[int, typer.Option(rich_help_panel=P_OPTIM, help=(
         "Warmup updates of eq. 3 (paper: 4000; small data: the Multi30k recipe's 1000 with --lr-scale 0.5)."))] = 4000,
     cooldown: Annotated[float, typer.Option(
@@ -179,6 +182,9 @@ def average_cmd(
         metavar="CHECKPOINT", help="Checkpoints, or a save dir with --last.")] = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="Averaged model file.")] = Path("model.pt"),
     last: Annotated[int, typer.Option(help="Average the last N numbered checkpoints of the save dir given.")] = 0,
+    ema: Annotated[bool, typer.Option(help=(
+        "Average the checkpoints' moving averages of the weights (nmt train --ema) instead of the weights; one "
+        "checkpoint: a model of its moving average."))] = False,
     config: ConfigFlag = None,
     print_config: PrintConfigFlag = False,
 ) -> None:
@@ -188,5 +194,5 @@ def average_cmd(
     paths, warning = checkpoints_to_average(list(checkpoints or []), last)
     if warning:
         err.print(f"nmt average: warning: {warning}", markup=False, highlight=False)
-    save_checkpoint(average_checkpoints(paths), output)
-    err.print(f"averaged {len(paths)} checkpoints into {output}")
+    save_checkpoint(average_checkpoints(paths, ema=ema), output)
+    err.print(f"averaged {len(paths)} checkpoints{' (their moving averages)' if ema else ''} into {output}")

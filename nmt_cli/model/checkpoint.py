@@ -203,19 +203,33 @@ def numbered_checkpoints(save_dir: str | Path) -> list[Path]:
 SELF_CONTAINED_KEYS = ("config", "vocab", "bpe_codes", "sentencepiece", "source_lang", "target_lang", "tokenizer")
 
 
-def average_checkpoints(paths: Sequence[str | Path]) -> dict:
+def with_ema_weights(state: dict, path: str | Path) -> dict:
+    """A checkpoint whose weights are its exponential moving average (`nmt train --ema`), without the average
+    kept beside them; one line for a checkpoint trained without --ema."""
+    if not state.get("ema"):
+        raise NmtError(f"{path}: holds no moving average of its weights (train with --ema DECAY)")
+    model = {k: (state["ema"][k].to(v.dtype) if k in state["ema"] else v) for k, v in state["model"].items()}
+    return {**{k: v for k, v in state.items() if k != "ema"}, "model": model}
+
+
+def average_checkpoints(paths: Sequence[str | Path], ema: bool = False) -> dict:
     """Element-wise mean of the models' parameters (accumulated in fp32), with the metadata of the last one.
 
-    Refuses checkpoints of different architectures (dropout may differ: `TRAINING_ONLY`) or vocabularies.
+    Refuses checkpoints of different architectures (dropout may differ: `TRAINING_ONLY`) or vocabularies. With
+    `ema`, averages their moving averages (`nmt train --ema`) instead of their weights.
     Training state (optimizer, RNG) is dropped.
     """
     if not paths:
         raise NmtError("no checkpoints to average")
     first = load_checkpoint(paths[0])
+    if ema:
+        first = with_ema_weights(first, paths[0])
     total = {k: v.to(torch.float32).clone() for k, v in first["model"].items()}
     last = first
     for path in paths[1:]:
         state = load_checkpoint(path)
+        if ema:
+            state = with_ema_weights(state, path)
         if differ := architecture_differences(first["config"], state["config"]):
             changed = ", ".join(f"{k} {first['config'].get(k)} -> {state['config'].get(k)}" for k in differ)
             raise NmtError(f"{path}: model config differs from {paths[0]} ({changed}); cannot average")
@@ -229,6 +243,7 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict:
         last = state
     n = len(paths)
     out = model_only(last)
+    out.pop("ema", None)  # the last one's moving average is not the average's
     out["model"] = {k: (v / n).to(first["model"][k].dtype) for k, v in total.items()}
     out["averaged_from"] = [str(p) for p in paths]
     return out
@@ -243,7 +258,8 @@ def with_decoding(state: dict, beam: int, lenpen: float, chosen: str) -> dict:
 def model_only(state: dict) -> dict:
     """A checkpoint without its training state (optimizer, loss scaler, RNG, progress): what translation needs,
     a third of a training checkpoint's size."""
-    out = {k: state[k] for k in (*SELF_CONTAINED_KEYS, "model", "averaged_from", "decoding", "run") if k in state}
+    out = {k: state[k] for k in (*SELF_CONTAINED_KEYS, "model", "averaged_from", "decoding", "run", "ema")
+           if k in state}
     out["updates"] = state.get("updates", 0)
     return out
 

@@ -51,6 +51,7 @@ from .update import (  # noqa: F401  (re-exported: nmt_cli.training.trainer is w
     effective_lr_scale,
     inverse_sqrt_lr,
     train_step,
+    update_ema,
     valid_bleu,
     validate,
 )
@@ -137,6 +138,7 @@ def check_options(opts: TrainOptions) -> None:
         ("--adam-betas", opts.adam_betas, len(opts.adam_betas) == 2 and all(0 <= b < 1 for b in opts.adam_betas),
          "two numbers in [0, 1)"),
         ("--weight-decay", opts.weight_decay, opts.weight_decay >= 0, "0 (off) or more"),
+        ("--ema", opts.ema, 0 <= opts.ema < 1, "0 (off) or a decay in (0, 1), such as 0.999"),
         ("--warmup", opts.warmup, opts.warmup >= 1, "at least 1"),
         ("--cooldown", opts.cooldown, 0 <= opts.cooldown < 1, "in [0, 1)"),
         ("--label-smoothing", opts.label_smoothing, 0 <= opts.label_smoothing < 1, "in [0, 1)"),
@@ -381,6 +383,15 @@ class Trainer:
             if self.state.world_size != ctx.world_size:
                 self.schedule_changes.append(world_size_change(self.state.world_size, ctx.world_size, opts))
             self.state.rescale(ctx.world_size)
+
+        # The exponential moving average of the weights (--ema), in fp32 beside them; a resume goes on with it.
+        self.ema: dict[str, torch.Tensor] | None = None
+        if opts.ema:
+            saved = (resume or {}).get("ema") or {}
+            self.ema = {name: (saved[name].to(device, torch.float32) if name in saved else
+                               p.detach().to(torch.float32).clone()) for name, p in model.named_parameters()}
+            self.ema_pairs = ([self.ema[name] for name, _ in model.named_parameters()],
+                              [p for _, p in model.named_parameters()])
 
         self.train_corpus, self.valid_corpus = data.split("train"), data.split("valid")
         check_lengths(data, {"train": self.train_corpus, "valid": self.valid_corpus}, config)
@@ -636,6 +647,8 @@ class Trainer:
         else:
             state.updates += 1
             self.window.add(loss, global_tokens)
+            if self.ema is not None:
+                update_ema(*self.ema_pairs, self.opts.ema)
         reason = self.should_stop(end_of_epoch, time_up, signalled)
         if not skipped and (state.updates % opts.log_interval == 0 or reason is not None):
             self.log_train(lr, now, end_of_epoch)
@@ -806,6 +819,7 @@ class Trainer:
             "tokenizer": data.meta.get("tokenizer", {}),
             "updates": self.state.updates,
             "run": self.run_id,
+            **({"ema": self.ema} if self.ema is not None else {}),
         }
         if rngs is None:
             return model

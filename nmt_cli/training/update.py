@@ -38,6 +38,12 @@ def effective_lr_scale(opts: TrainOptions, d_model: int) -> float:
     return opts.lr_scale if opts.lr is None else lr_scale_for_peak(opts.lr, d_model, opts.warmup)
 
 
+def update_ema(ema: list[torch.Tensor], params: list[torch.Tensor], decay: float) -> None:
+    """ema <- decay * ema + (1 - decay) * params, in place, for each pair (one fused kernel per group): after an
+    optimizer step, as Marian's exponential smoothing and fairseq's --ema-decay keep it."""
+    torch._foreach_lerp_(ema, params, 1.0 - decay)
+
+
 def cooldown_factor(budget_used: float, cooldown: float) -> float:
     """The factor on the learning rate that falls linearly from 1 to 0 over the final `cooldown` share of
     the training budget (the trapezoidal schedule's cool-down); 1 before it, and always 1 when cooldown is 0."""
