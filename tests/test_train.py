@@ -98,18 +98,19 @@ def test_resume_is_exact(toy_data, tmp_path):
 
 
 def test_two_processes_equal_one_with_update_freq_2(toy_data, tmp_path):
-    """torchrun --nproc_per_node 2 (gloo) == one process with --update-freq 2, on the same batches; with
-    --comm-precision bf16 the gradients cross in bf16: the same losses to bf16's rounding, other weights."""
+    """torchrun --nproc_per_node 2 (gloo) == one process with --update-freq 2, on the same batches, weights and
+    their moving average (--ema) alike; with --comm-precision bf16 the gradients cross in bf16: the same losses
+    to bf16's rounding, other weights."""
     single = tmp_path / "single"
     train(_opts(toy_data, single, max_updates=4, dropout=0.0, update_freq=2, max_tokens=256,
-                save_interval_updates=2, cooldown=0.5, log_interval=1))
+                save_interval_updates=2, cooldown=0.5, log_interval=1, ema=0.9))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
     def torchrun(save: Path, *flags: str) -> dict[str, torch.Tensor]:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
                "nmt_cli", "train", str(toy_data), "--save-dir", str(save), "--arch", "tiny", "--max-tokens", "256",
                "--warmup", "50", "--device", "cpu", "--quiet", "--seed", "7", "--max-updates", "4", "--dropout", "0",
-               "--cooldown", "0.5", "--log-interval", "1", *flags]
+               "--cooldown", "0.5", "--log-interval", "1", "--ema", "0.9", *flags]
         result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
         assert result.returncode == 0, result.stderr[-3000:]
         return _params(save / "checkpoint_last.pt")
@@ -132,6 +133,11 @@ def test_two_processes_equal_one_with_update_freq_2(toy_data, tmp_path):
     for name in a:
         torch.testing.assert_close(comparable(name, a[name]), comparable(name, b[name]), atol=2e-6, rtol=1e-5,
                                    msg=name)
+    # --ema: every process keeps the same moving average, which equals the one process's
+    ema_a, ema_b = (load_checkpoint(s / "checkpoint_last.pt")["ema"] for s in (single, ddp))
+    for name in ema_a:
+        torch.testing.assert_close(comparable(name, ema_a[name]), comparable(name, ema_b[name]), atol=2e-6,
+                                   rtol=1e-5, msg=f"ema {name}")
     fresh = _params(single / "checkpoint_2.pt")
     # The last two updates moved the weights far more than the comparison above tolerates (atol 2e-6).
     threshold("largest weight change in updates 3-4", max(float((fresh[n] - a[n]).abs().max()) for n in a),
