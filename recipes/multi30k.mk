@@ -81,7 +81,7 @@ $(EXP)/test.hyp: $(EXP)/model.pt
 	$(NMT) translate -m $< -i $(EXP)/data/test.raw.$(SRC) -o $@  # with the beam and length penalty chosen on val
 
 multi30k-score: $(EXP)/test.hyp
-	$(NMT) score --ref $(EXP)/data/test.raw.$(TGT) -i $< --metrics bleu,chrf
+	$(NMT) score --ref $(EXP)/data/test.raw.$(TGT) -i $< --metrics bleu,chrf,lc-bleu --lang $(TGT)
 	@echo "$(EXP)/model.pt carries the beam and length penalty chosen on val; nmt is in $(BIN): source $(BIN)/activate"
 
 # The paper's other language pair on CPU: Multi30k English->French (Multi30k's French side of train, val and

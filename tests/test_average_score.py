@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from nmt_cli.decode.translate import Translator
+from nmt_cli.errors import NmtError
 from nmt_cli.model.checkpoint import load_checkpoint, model_from_checkpoint, model_only, save_checkpoint
 
 from .conftest import expect_error, run_cli
@@ -162,3 +163,34 @@ def test_score_says_when_japanese_bleu_falls_back_to_characters(tmp_path, monkey
     assert "sacrebleu[ja]" in result.stderr and "tok:char" in result.stdout
     quiet = run_cli("score", "-i", tmp_path / "h", "-r", tmp_path / "r", "--lang", "de", "--metrics", "bleu")
     assert quiet.exit_code == 0 and "warning" not in quiet.stderr
+
+
+def test_lowercase_tokenized_bleu_is_the_literatures_multi30k_metric():
+    """--metrics lc-bleu: sacreBLEU on lowercased text that sacremoses' own tokenizer split (no aggressive
+    hyphen splits), its reference length reported; on test_2016_flickr.de that is 12,102 tokens (the
+    multimodal-MT papers print 12,103)."""
+    import gzip
+
+    import sacrebleu
+    from sacremoses import MosesTokenizer
+
+    from nmt_cli.decode.score import score
+
+    from .conftest import shared_data
+
+    with gzip.open(shared_data("multi30k") / "test_2016_flickr.de.gz", "rt", encoding="utf-8") as f:
+        refs = f.read().splitlines()
+    hyps = [" ".join(r.split()[:-2]) + " ." if len(r.split()) > 4 else r for r in refs]  # a lossy "system"
+    record = score(hyps, [refs], metrics=["lc-bleu"], lang="de")[0]
+    moses = MosesTokenizer("de")
+
+    def tokenized(line: str) -> str:
+        return moses.tokenize(line, escape=False, aggressive_dash_splits=False, return_str=True).lower()
+
+    expected = sacrebleu.corpus_bleu([tokenized(h) for h in hyps], [[tokenized(r) for r in refs]], tokenize="none",
+                                     force=True)
+    assert record["score"] == pytest.approx(expected.score, abs=1e-4) and record["ref_len"] == expected.ref_len
+    assert record["ref_len"] == 12102 and "ref_len = 12102" in record["text"] and 20 < record["score"] < 100
+    assert record["signature"].startswith("lowercase+moses-tok:de|")
+    with pytest.raises(NmtError, match="lc-bleu tokenizes as the target language does: give --lang"):
+        score(hyps, [refs], metrics=["lc-bleu"])

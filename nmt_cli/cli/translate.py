@@ -127,7 +127,9 @@ def translate_cmd(
 def score_cmd(
     ref: Annotated[list[Path], typer.Option("--ref", "-r", help="Reference file; repeat for several.")],
     hyp: Annotated[Optional[Path], typer.Option("--input", "-i", help="Hypotheses (default stdin).")] = None,
-    metrics: Annotated[str, typer.Option(help="Comma-separated: bleu,chrf,ter.")] = "bleu,chrf,ter",
+    metrics: Annotated[str, typer.Option(help=(
+        "Comma-separated: bleu,chrf,ter, and lc-bleu (BLEU on lowercased, Moses-tokenized text: the multimodal-MT "
+        "literature's Multi30k metric; needs --lang or -m)."))] = "bleu,chrf,ter",
     tokenized_bleu: Annotated[Optional[str], typer.Option(
         help="Also report the paper-era tokenized, compound-split BLEU (give the target language, e.g. de).")] = None,
     lang: Annotated[Optional[str], typer.Option(

@@ -59,8 +59,11 @@ def score(hyps: Sequence[str], refs: Sequence[Sequence[str]], metrics: Sequence[
     unspaced = is_asian(lang or "")
     results = []
     for name in metrics:
+        if name == LOWERCASE_TOKENIZED:
+            results.append(lowercase_tokenized_bleu(hyps, refs, lang))
+            continue
         if name not in METRICS:
-            raise NmtError(f"unknown metric {name!r} (choose from {', '.join(METRICS)})")
+            raise NmtError(f"unknown metric {name!r} (choose from {', '.join([*METRICS, LOWERCASE_TOKENIZED])})")
         options = {"bleu": {"tokenize": tokenize}, "ter": {"asian_support": unspaced}}.get(name, {})
         try:
             metric = METRICS[name](**options)
@@ -83,6 +86,29 @@ def score(hyps: Sequence[str], refs: Sequence[Sequence[str]], metrics: Sequence[
                         "signature": "moses-tok+compound-split|" + str(metric.get_signature()),
                         "text": str(result)})
     return results
+
+
+# The multimodal-MT literature's Multi30k metric (Wu et al. 2021 and the papers it compares with): BLEU on
+# lowercased, Moses-tokenized text, without the aggressive hyphen splits.
+LOWERCASE_TOKENIZED = "lc-bleu"
+
+
+def lowercase_tokenized_bleu(hyps: Sequence[str], refs: Sequence[Sequence[str]], lang: str | None) -> dict:
+    """BLEU on lowercased, Moses-tokenized hypotheses and references (`lang`'s Moses rules, hyphens kept whole),
+    with its reference length in the record ("ref_len"), which papers print beside it."""
+    if not lang:
+        raise NmtError(f"--metrics {LOWERCASE_TOKENIZED} tokenizes as the target language does: give --lang (or "
+                       "-m MODEL)")
+    if is_asian(lang):
+        raise NmtError(f"--metrics {LOWERCASE_TOKENIZED}: Moses tokenization does not split {lang} text into words")
+
+    def prep(line: str) -> str:
+        return text.tokenize(line, lang, aggressive_dash=False).lower()
+
+    metric = BLEU(tokenize="none", force=True)
+    result = metric.corpus_score([prep(h) for h in hyps], [[prep(r) for r in ref] for ref in refs])
+    return {"metric": LOWERCASE_TOKENIZED, "score": round(result.score, 4), "ref_len": result.ref_len,
+            "signature": f"lowercase+moses-tok:{lang}|" + str(metric.get_signature()), "text": str(result)}
 
 
 def target_language_of(path: str | Path) -> str:
