@@ -563,6 +563,15 @@ def test_a_resume_keeps_the_runs_own_options_and_changes_only_those_given(toy_da
     options = json.loads((resumed / "options.json").read_text())
     assert (options["warmup"], options["lr_scale"], options["max_updates"]) == (30, 0.5, 7)
 
+    # A fine-tuning run (its architecture from --init-from) resumes with its limit raised alone too.
+    tuned = tmp_path / "tuned"
+    assert run_cli("train", toy_data, "--save-dir", tuned, "--init-from", straight / "checkpoint_last.pt",
+                   "--max-updates", "2", "--warmup", "2", "--max-tokens", "512", "--device", "cpu",
+                   "--quiet").exit_code == 0
+    again = run_cli("train", toy_data, "--save-dir", tuned, "--max-updates", "3", "--quiet")
+    assert again.exit_code == 0, again.output
+    assert load_checkpoint(tuned / "checkpoint_last.pt")["updates"] == 3
+
 
 def test_lr_is_the_peak_of_eq_3_and_one_flag_of_the_two_is_given():
     from nmt_cli.training.update import lr_scale_for_peak

@@ -191,8 +191,8 @@ DROPOUT_FIELDS = ("dropout", "attention_dropout", "activation_dropout")
 
 
 # Options a resume does not take from the run being resumed when they are not given: where the run reads and
-# writes (always given), whether it prints progress, and the model it started from (read at its start only).
-NOT_KEPT_ON_RESUME = ("data", "save_dir", "quiet", "init_from")
+# writes (always given) and whether it prints progress. (--init-from is kept: the architecture comes from it.)
+NOT_KEPT_ON_RESUME = ("data", "save_dir", "quiet")
 
 
 def kept_run_options(opts: TrainOptions, given: Collection[str]) -> TrainOptions:
@@ -213,7 +213,7 @@ def kept_run_options(opts: TrainOptions, given: Collection[str]) -> TrainOptions
         if f.name == "lr" and "lr_scale" in given:  # the two name one rate: the one given replaces the run's
             continue
         value = stored[f.name]
-        if value is not None and f.name == "tensorboard":
+        if value is not None and f.name in ("tensorboard", "init_from"):
             value = Path(value)
         kept[f.name] = tuple(value) if isinstance(value, list) else value
     return replace(opts, **kept)
