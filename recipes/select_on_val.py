@@ -1,7 +1,8 @@
 """Choose, on the validation set only, the model and length penalty a recipe ships.
 
-Candidates: the best single checkpoint (by validation loss) and the average of the last N numbered
-checkpoints for each N of --windows (those with more checkpoints than saved are left out). Each is scored
+Candidates: the best single checkpoint (by validation loss), the average of the last N numbered
+checkpoints for each N of --windows (those with more checkpoints than saved are left out), and the moving
+average of the weights (`nmt train --ema`) of the last numbered checkpoint, where the run kept one. Each is scored
 by sacreBLEU of its beam search on val at the first length penalty of --lenpens; the winner is then scored
 at the other length penalties. Ties keep the earlier candidate. Writes the chosen model to --out (atomically)
 and every score to --record (JSON), and prints one line per candidate.
@@ -64,6 +65,10 @@ def select(ckpt_dir: Path, src: Path, ref: Path, windows: list[int], lenpens: li
                 path = Path(tmp) / f"last{n}.pt"
                 save_checkpoint(average_checkpoints(numbered[-n:]), path)
                 candidates.append((f"average of last {n}", path))
+        if numbered and load_checkpoint(numbered[-1]).get("ema"):
+            path = Path(tmp) / "ema.pt"
+            save_checkpoint(average_checkpoints(numbered[-1:], ema=True), path)
+            candidates.append(("moving average (--ema)", path))
         if not candidates:
             raise NmtError(f"{ckpt_dir}: no checkpoint_best.pt and fewer numbered checkpoints than --windows asks")
         for name, path in candidates:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt_cli.model.checkpoint import load_checkpoint
+from nmt_cli.model.checkpoint import average_checkpoints, load_checkpoint, numbered_checkpoints
 
 from .conftest import REPO, run_cli, shared_data
 
@@ -363,6 +363,34 @@ def test_tatoeba_recipe_smoke_into_chinese(tmp_path, warm_nmt):
     bad = subprocess.run(["make", "-o", ".venv/.installed", "tatoeba-zh-en", "TOKENIZER=jieba", f"EXP={tmp_path}"],
                          cwd=REPO, capture_output=True, text=True)
     assert bad.returncode != 0 and "TOKENIZER must be moses or sentencepiece (got 'jieba')" in bad.stderr
+
+
+def test_select_on_val_weighs_the_moving_average_of_a_run_that_kept_one(toy_data, tmp_path):
+    """A run trained with --ema: select_on_val scores its moving average beside the best checkpoint and the
+    averages, on val, and ships whichever wins (the moving average's weights when it does)."""
+    sys.path.insert(0, str(REPO / "recipes"))
+    try:
+        from select_on_val import select
+    finally:
+        sys.path.remove(str(REPO / "recipes"))
+    from nmt_cli.training.trainer import TrainOptions, train
+
+    save = tmp_path / "ckpt"
+    train(TrainOptions(data=toy_data, save_dir=save, arch="tiny", max_tokens=1024, max_updates=40, warmup=20,
+                       save_interval_updates=20, device="cpu", precision="fp32", quiet=True, ema=0.9))
+    raw = toy_data.parent / "raw"
+    result = select(save, raw / "valid.en", raw / "valid.de", [2], [0.6], 2, tmp_path / "model.pt",
+                    tmp_path / "selection.json")
+    assert [c["model"] for c in result["candidates"]] == ["best single", "average of last 2",
+                                                          "moving average (--ema)"]
+    shipped = load_checkpoint(tmp_path / "model.pt")["model"]
+    last = numbered_checkpoints(save)
+    expected = {"best single": lambda: load_checkpoint(save / "checkpoint_best.pt")["model"],
+                "average of last 2": lambda: average_checkpoints(last[-2:])["model"],
+                "moving average (--ema)": lambda: average_checkpoints(last[-1:], ema=True)["model"]}[result["model"]]()
+    assert all(torch.equal(shipped[k], expected[k]) for k in expected)
+    ema = load_checkpoint(last[-1])["ema"]
+    assert any(not torch.equal(ema[k], load_checkpoint(last[-1])["model"][k]) for k in ema)  # a candidate of its own
 
 
 def test_select_on_val_bad_input(tmp_path):
