@@ -77,6 +77,34 @@ def export_ctranslate2_cmd(
 
 
 @handle_errors
+def import_transformers_cmd(
+    folder: Annotated[str, typer.Argument(
+        metavar="DIR", help="MarianMT (OPUS-MT) or FSMT (fairseq WMT19) folder, or a Hugging Face hub id to "
+        "download first (needs huggingface_hub and the network).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="nmt model file to write.")] = Path("model.pt"),
+    target_token: Annotated[Optional[str], typer.Option(
+        help="Token that begins every source line for a model with several target languages (OPUS-MT's "
+        "'>>fra<<'); stored in the model, so translate and serve add it.")] = None,
+    source_lang: Annotated[Optional[str], typer.Option(
+        "--source-lang", "-s", help="Source language, where the folder's files name none.")] = None,
+    target_lang: Annotated[Optional[str], typer.Option(
+        "--target-lang", "-t", help="Target language, where the folder's files name none.")] = None,
+) -> None:
+    """Read a Transformers translation model into one nmt model file, to translate, fine-tune (prepare
+    --from-model, train --init-from), average and export again."""
+    from nmt_cli.export.hf_import import import_transformers, local_folder
+
+    summary = import_transformers(local_folder(folder), output, target_token, source_lang, target_lang)
+    embeddings = ("one embedding matrix" if summary["shared_embeddings"] and summary["tied_output"] else
+                  "source and target embeddings" + (", an output projection" if not summary["tied_output"] else ""))
+    err.print(f"imported {folder} ({summary['kind']}: {summary['layers']} + {summary['layers']} layers, d_model "
+              f"{summary['d_model']}, {summary['activation']}, vocabulary {summary['vocab']:,}"
+              + (f" / {summary['target_vocab']:,}" if summary["target_vocab"] != summary["vocab"] else "")
+              + f", {embeddings}, {summary['parameters']:,} parameters) into {output}", markup=False,
+              highlight=False)
+
+
+@handle_errors
 def export_transformers_cmd(
     model: Annotated[Path, typer.Option("--model", "-m", help="nmt checkpoint (e.g. an averaged model.pt).")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Model folder to write.")],

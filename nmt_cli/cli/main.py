@@ -10,7 +10,7 @@ import typer
 
 from .commandline import command, command_group
 from .data import apply_bpe_cmd, binarize_cmd, learn_bpe_cmd, prepare_cmd
-from .deploy import export_ctranslate2_cmd, export_transformers_cmd, serve_cmd
+from .deploy import export_ctranslate2_cmd, export_transformers_cmd, import_transformers_cmd, serve_cmd
 from .train import average_cmd, plot_cmd, train_cmd
 from .translate import attention_cmd, score_cmd, translate_cmd
 
@@ -62,6 +62,9 @@ export_app = command_group("Convert a trained model for another inference engine
 app.add_typer(export_app, name="export")
 command(export_app, "ctranslate2")(export_ctranslate2_cmd)
 command(export_app, "transformers")(export_transformers_cmd)
+import_app = command_group("Read a model made by another toolkit into nmt.", add_completion=False)
+app.add_typer(import_app, name="import")
+command(import_app, "transformers")(import_transformers_cmd)
 
 
 # After a Ctrl-C the process must end: if clean-up at exit (multiprocessing's finalizers, joins of worker

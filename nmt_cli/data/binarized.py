@@ -102,6 +102,15 @@ class DataDir:
     vocab: Vocabulary
     bpe_codes: str
     sentencepiece: bytes | None = None  # the SentencePiece model, for data prepared with --tokenizer sentencepiece
+    # The target side's own vocabulary and SentencePiece model, for data prepared --from-model with a model made
+    # elsewhere that has them (target-vocab.txt, target-spm.model); None: the shared ones.
+    own_target_vocab: Vocabulary | None = None
+    target_sentencepiece: bytes | None = None
+
+    @property
+    def target_vocab(self) -> Vocabulary:
+        """The target side's vocabulary (the shared one unless the data has its own)."""
+        return self.own_target_vocab or self.vocab
 
     @classmethod
     def open(cls, path: str | Path) -> DataDir:
@@ -130,13 +139,17 @@ class DataDir:
         sentencepiece = spm_path.read_bytes() if spm_path.exists() else None
         if (meta.get("tokenizer") or {}).get("name") == "sentencepiece" and sentencepiece is None:
             raise NmtError(f"{path}: meta.json says SentencePiece, but spm.model is missing (re-run nmt prepare)")
-        return cls(path, meta, vocab, codes, sentencepiece)
+        target_vocab = path / "target-vocab.txt"
+        target_spm = path / "target-spm.model"
+        return cls(path, meta, vocab, codes, sentencepiece,
+                   Vocabulary.load(target_vocab) if target_vocab.exists() else None,
+                   target_spm.read_bytes() if target_spm.exists() else None)
 
     def segmenter(self):
         """The tokenizer that made this data (raw text <-> pieces)."""
         from nmt_cli.text.segment import segmenter_from
 
-        return segmenter_from(self.meta.get("tokenizer"), self.bpe_codes, self.sentencepiece)
+        return segmenter_from(self.meta.get("tokenizer"), self.bpe_codes, self.sentencepiece, self.target_sentencepiece)
 
     @property
     def source_lang(self) -> str:

@@ -160,12 +160,16 @@ def _init_worker(state: dict) -> None:
     _worker.update(state)
     if state.get("sentencepiece") is not None:
         # text arrives normalized already: normalize=False
-        segmenter = SentencePiece(state["sentencepiece"], tags=state.get("tags", ()))
+        segmenter = SentencePiece(state["sentencepiece"], tags=state.get("tags", ()),
+                                  target_model=state.get("target_sentencepiece"))
+        target = segmenter.target_side()
         _worker["bpe"] = lambda line: segmenter.segment(line, "")
+        _worker["target_bpe"] = lambda line: target.segment(line, "")
     elif state.get("codes") is not None:
-        _worker["bpe"] = text.BpeApplier(state["codes"], keep=state.get("tags", ()))
+        _worker["bpe"] = _worker["target_bpe"] = text.BpeApplier(state["codes"], keep=state.get("tags", ()))
     if state.get("symbols") is not None:
         _worker["vocab"] = Vocabulary(state["symbols"])
+        _worker["target_vocab"] = Vocabulary(state.get("target_symbols") or state["symbols"])
 
 
 def _preprocess(line: str, lang: str) -> str:
@@ -176,13 +180,19 @@ def _preprocess(line: str, lang: str) -> str:
         line = text.normalize_punctuation(line, lang)
     if _worker.get("tokenizer") == "sentencepiece":  # SentencePiece reads raw text
         return plain_spaces(line) if line.strip() else ""
-    return text.tokenize(line, lang) if line.strip() else ""
+    if not line.strip():
+        return ""
+    if _worker.get("pipeline") == "fsmt":  # a model made elsewhere: fairseq's WMT19 tokenization
+        return text.fsmt_tokenize(line, lang, _worker.get("lowercase", False))
+    return text.tokenize(line, lang)
 
 
 def _tokenize_job(job: tuple[list[str], list[str], bool]) -> tuple[list[str], list[str], Counter | None, list[int]]:
     """Normalize and tokenize a chunk of pairs; count its words when it is training data, and on a Chinese side
     the lines that hold Chinese characters."""
     src, tgt, count = job
+    if _worker.get("target_token"):  # a multi-target model's token (">>fra<<") begins every source line
+        src = [f"{_worker['target_token']} {line}" if line.strip() else line for line in src]
     src_tok = [_preprocess(line, _worker["src_lang"]) for line in src]
     tgt_tok = [_preprocess(line, _worker["tgt_lang"]) for line in tgt]
     counts = Counter(w for lines in (src_tok, tgt_tok) for line in lines for w in line.split()) if count else None
@@ -222,7 +232,7 @@ def _segment_job(job: tuple[list[str], list[str], bool]) -> tuple[list[str], lis
     src, tgt, is_train = job
     bpe = _worker.get("bpe")
     if bpe is not None:
-        src, tgt = [bpe(line) for line in src], [bpe(line) for line in tgt]
+        src, tgt = [bpe(line) for line in src], [_worker["target_bpe"](line) for line in tgt]
     if not is_train:
         return src, tgt, None, None
     kept, dropped = filter_pairs(src, tgt, _worker["max_len"], _worker["max_ratio"], _worker["remove_copies"])
@@ -236,14 +246,14 @@ def _binarize_job(job: tuple[list[str], list[str], int | None]):
     import numpy as np
 
     src, tgt, limit = job
-    vocab: Vocabulary = _worker["vocab"]
-    src_ids, tgt_ids = [vocab.encode(line) for line in src], [vocab.encode(line) for line in tgt]
+    vocab, target_vocab = _worker["vocab"], _worker["target_vocab"]
+    src_ids, tgt_ids = [vocab.encode(line) for line in src], [target_vocab.encode(line) for line in tgt]
     dropped = 0
     if limit is not None:
         keep = [i for i in range(len(src_ids)) if len(src_ids[i]) <= limit and len(tgt_ids[i]) <= limit]
         dropped = len(src_ids) - len(keep)
         src_ids, tgt_ids = [src_ids[i] for i in keep], [tgt_ids[i] for i in keep]
-    dtype = token_dtype(len(vocab))
+    dtype = token_dtype(max(len(vocab), len(target_vocab)))
     out = []
     for ids in (src_ids, tgt_ids):
         lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
@@ -373,9 +383,10 @@ def prepare(opts: PrepareOptions, on_stage: Callable[[dict], None] | None = None
     written last, so an interrupted run never leaves a directory that looks complete. `on_stage` receives
     each stage's record (name, seconds, lines, peak RSS in MB) as it ends.
     """
-    model = None
+    model, made = None, FromModel()
     if opts.from_model is not None:  # the model's languages, tokenizer, codes or SentencePiece model, vocabulary
-        opts, model = _model_preprocessing(opts)
+        opts, made = _model_preprocessing(opts)
+        model = (made.codes, made.sentencepiece, made.vocab)
     out = _check_options(opts)
     inputs = _split_inputs(opts)
     sentencepiece = opts.tokenizer == "sentencepiece"
@@ -385,7 +396,7 @@ def prepare(opts: PrepareOptions, on_stage: Callable[[dict], None] | None = None
             work = staging / ".work"
             work.mkdir()
             learn_bpe = model is None and not sentencepiece
-            tokenized, counts = _tokenize(inputs, work, staging, opts, stages, count=learn_bpe)
+            tokenized, counts = _tokenize(inputs, work, staging, opts, stages, count=learn_bpe, made=made)
             codes, spm_model, vocab = model or (None, None, None)
             if model is None and sentencepiece:
                 stages.begin("learn SentencePiece", None, unit="pieces")
@@ -400,8 +411,9 @@ def prepare(opts: PrepareOptions, on_stage: Callable[[dict], None] | None = None
                 codes = learn_bpe_codes(counts, opts.bpe_merges, on_merge=lambda _: stages.advance(1))
                 stages.end(len(codes.splitlines()) - 1)
             del counts
-            meta = _segment_and_binarize(tokenized, staging, codes, opts, stages, _tokenizer_meta(opts, spm_model),
-                                         inputs, vocab=vocab, sentencepiece=spm_model)
+            meta = _segment_and_binarize(tokenized, staging, codes, opts, stages,
+                                         made.tokenizer or _tokenizer_meta(opts, spm_model), inputs, vocab=vocab,
+                                         sentencepiece=spm_model, made=made)
         if model is not None:
             meta["from_model"] = {"path": str(opts.from_model), "sha256": file_sha256(opts.from_model)}
             meta["bpe_merges"] = len(codes.splitlines()) - 1 if codes is not None else None
@@ -423,10 +435,25 @@ def _tokenizer_meta(opts: PrepareOptions, spm_model: bytes | None = None) -> dic
             **tags}
 
 
-def _model_preprocessing(opts: PrepareOptions) -> tuple[PrepareOptions, tuple[str | None, bytes | None, Vocabulary]]:
-    """For --from-model: the options with the model's languages, tokenizer and normalization filled in, and its
-    (BPE codes or None, SentencePiece model or None, vocabulary). A language or tokenizer given on the command line
-    that contradicts the model is an error."""
+@dataclass(frozen=True)
+class FromModel:
+    """What --from-model takes from a model: its BPE codes or SentencePiece model, its vocabulary, and what a
+    model made elsewhere may add (`nmt import transformers`): the target side's own vocabulary and SentencePiece
+    model, its tokenizer record as it stands (fairseq's tokenization), a token that begins every source line."""
+
+    codes: str | None = None
+    sentencepiece: bytes | None = None
+    vocab: Vocabulary | None = None
+    target_vocab: Vocabulary | None = None
+    target_sentencepiece: bytes | None = None
+    tokenizer: dict | None = None
+    target_token: str = ""
+
+
+def _model_preprocessing(opts: PrepareOptions) -> tuple[PrepareOptions, FromModel]:
+    """For --from-model: the options with the model's languages, tokenizer and normalization filled in, and what
+    it segments with (`FromModel`). A language or tokenizer given on the command line that contradicts the model
+    is an error."""
     from nmt_cli.model.checkpoint import load_checkpoint, require_keys
 
     state = load_checkpoint(opts.from_model)
@@ -448,8 +475,13 @@ def _model_preprocessing(opts: PrepareOptions) -> tuple[PrepareOptions, tuple[st
         opts = replace(opts, spm_type=tokenizer.get("model_type", opts.spm_type),
                        vocab_size=tokenizer.get("vocab_size", opts.vocab_size),
                        spm_sample=tokenizer.get("sample", opts.spm_sample))
-        return opts, (None, state["sentencepiece"], Vocabulary(state["vocab"]))
-    return opts, (state["bpe_codes"], None, Vocabulary(state["vocab"]))
+    target_vocab = state.get("target_vocab")
+    return opts, FromModel(
+        codes=None if name == "sentencepiece" else state["bpe_codes"],
+        sentencepiece=state["sentencepiece"] if name == "sentencepiece" else None, vocab=Vocabulary(state["vocab"]),
+        target_vocab=Vocabulary(target_vocab) if target_vocab else None,
+        target_sentencepiece=state.get("target_sentencepiece"), tokenizer=tokenizer or None,
+        target_token=state.get("target_token", ""))
 
 
 def binarize_segmented(opts: PrepareOptions, codes: str) -> dict:
@@ -472,12 +504,16 @@ def _finish(staging: Path, out: Path, meta: dict) -> None:
 
 
 def _tokenize(inputs: dict[str, tuple[Path, Path]], work: Path, staging: Path, opts: PrepareOptions,
-              stages: _Stages, count: bool = True) -> tuple[dict[str, tuple[Path, Path]], Counter]:
+              stages: _Stages, count: bool = True,
+              made: FromModel | None = None) -> tuple[dict[str, tuple[Path, Path]], Counter]:
     """Stage 1: normalize + tokenize every split into `work`, counting training words; valid/test raw text is
     copied into `staging` on the way."""
     src_lang, tgt_lang = opts.source_lang, opts.target_lang
+    made = made or FromModel()
+    tokenizer = made.tokenizer or {}
     state = {"src_lang": src_lang, "tgt_lang": tgt_lang, "normalize": opts.normalize, "tokenizer": opts.tokenizer,
-             "tags": tuple(opts.tags)}
+             "tags": tuple(opts.tags), "pipeline": tokenizer.get("pipeline", ""),
+             "lowercase": bool(tokenizer.get("lowercase")), "target_token": made.target_token}
     counts: Counter = Counter()
     tokenized = {}
     first = "tokenize" if opts.tokenizer == "moses" else "read"  # SentencePiece reads raw text
@@ -526,7 +562,7 @@ def _tokenize(inputs: dict[str, tuple[Path, Path]], work: Path, staging: Path, o
 def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, codes: str | None,
                           opts: PrepareOptions, stages: _Stages, tokenizer: dict, originals: dict,
                           stored_codes: str | None = None, vocab: Vocabulary | None = None,
-                          sentencepiece: bytes | None = None) -> dict:
+                          sentencepiece: bytes | None = None, made: FromModel | None = None) -> dict:
     """Stages 3-5: apply BPE or the `sentencepiece` model (or take the text as segmented when both are None),
     filter training pairs, build the vocabulary from the kept training pieces (unless `vocab` is given),
     binarize every split. Returns meta.json's contents."""
@@ -534,7 +570,9 @@ def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, c
     work = staging / ".work"
     work.mkdir(exist_ok=True)
     max_ratio = opts.ratio_limit()
-    state = {"codes": codes, "sentencepiece": sentencepiece, "tags": tuple(opts.tags), "max_len": opts.max_len,
+    made = made or FromModel()
+    state = {"codes": codes, "sentencepiece": sentencepiece, "target_sentencepiece": made.target_sentencepiece,
+             "tags": tuple(opts.tags), "max_len": opts.max_len,
              "max_ratio": max_ratio, "remove_copies": opts.remove_copies,
              "src_lang": src_lang, "tgt_lang": tgt_lang}
     pieces: Counter = Counter()
@@ -590,6 +628,11 @@ def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, c
     stages.begin("vocabulary", None, unit="pieces")
     vocab = vocab or Vocabulary.from_counts(pieces, opts.vocab_threshold)
     vocab.save(staging / "vocab.txt")
+    target_vocab = made.target_vocab or vocab
+    if made.target_vocab is not None:
+        made.target_vocab.save(staging / "target-vocab.txt")
+    if made.target_sentencepiece is not None:
+        (staging / "target-spm.model").write_bytes(made.target_sentencepiece)
     if sentencepiece is not None:
         (staging / "spm.model").write_bytes(sentencepiece)
     else:
@@ -598,11 +641,12 @@ def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, c
     del pieces
 
     stages.begin("binarize", 2 * sum(sentences.values()))
-    state = {"symbols": vocab.symbols}
+    state = {"symbols": vocab.symbols, "target_symbols": target_vocab.symbols}
+    largest = max(len(vocab), len(target_vocab))
     split_meta: dict[str, dict] = {}
     done = 0
     for name, paths in segmented.items():
-        dtype = token_dtype(len(vocab))
+        dtype = token_dtype(largest)
         writers = [BinarizedWriter(staging / f"{name}.{lang}", dtype) for lang in (src_lang, tgt_lang)]
         unk = [0, 0]
         too_long = 0
@@ -633,8 +677,10 @@ def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, c
         "bpe_merges": opts.bpe_merges if codes is not None and sentencepiece is None else None,
         "tokenizer": tokenizer,
         "vocab_size": len(vocab),
+        **({"target_vocab_size": len(target_vocab)} if made.target_vocab is not None else {}),
+        **({"target_token": made.target_token} if made.target_token else {}),
         "vocab_threshold": opts.vocab_threshold,
-        "token_dtype": token_dtype(len(vocab)).name,
+        "token_dtype": token_dtype(largest).name,
         "max_positions": MAX_POSITIONS,
         "splits": split_meta,
         "inputs": {name: {str(p): file_sha256(p) for p in paths} for name, paths in originals.items()},

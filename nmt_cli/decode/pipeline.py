@@ -42,12 +42,15 @@ class TextTranslator:
     constraints_refusal: str | None = None  # why the engine cannot search with constraints, if it cannot
 
     def __init__(self, vocab: Vocabulary, segmenter: Segmenter, source_lang: str, target_lang: str,
-                 max_positions: int, workers: int = 1) -> None:
+                 max_positions: int, workers: int = 1, target_vocab: Vocabulary | None = None) -> None:
         if workers < 1:
             raise NmtError(f"--workers must be at least 1 (got {workers})")
         self.vocab, self.source_lang, self.target_lang = vocab, source_lang, target_lang
+        self.target_vocab = target_vocab or vocab  # the output's, where it is not the source's
         self.workers = workers  # batches searched at once, each on its own thread and share of the cores
         self.segmenter = segmenter  # as at prepare time
+        self.target_segmenter = segmenter.target_side()
+        self.target_token = ""  # prepended to every source line (a multi-target model's ">>fra<<"), if any
         self.max_positions = max_positions
         # Lines translated truncated: the caller reads (and clears) them after each call, so they never pile up.
         self.warnings: list[str] = []
@@ -78,12 +81,11 @@ class TextTranslator:
             if items is not None and len(items) != n:
                 raise NmtError(f"{name}: {len(items)} lines for {n} input lines; give one per input line (an "
                                "empty one for none)")
-        target = self.target_lang
         prefix_ids = None
         if prefixes is not None:
             prefix_ids = []
             for line, (text, source) in enumerate(zip(prefixes, sources), start=first_line):
-                ids = self.vocab.encode(self.segmenter.segment(text, target)) if text.strip() and source else []
+                ids = self.target_ids(text) if text.strip() and source else []
                 if len(ids) > self.max_positions - 2:
                     raise NmtError(f"{where[0]}:{line}: the prefix has {len(ids)} tokens, more than the model's "
                                    f"{self.max_positions - 2}")
@@ -97,7 +99,7 @@ class TextTranslator:
                 for j, phrase in enumerate(phrases, start=1):
                     if not phrase.strip():
                         raise NmtError(f"{where[1]}:{line}: constraint {j} is empty")
-                    ids = self.vocab.encode(self.segmenter.segment(phrase, target))
+                    ids = self.target_ids(phrase)
                     if len(ids) > limit:
                         raise NmtError(f"{where[1]}:{line}: constraint {j} has {len(ids)} tokens, more than the "
                                        f"line's length limit of {limit} (--max-len-a, --max-len-b)")
@@ -113,6 +115,8 @@ class TextTranslator:
             if not sentence.strip():
                 out.append([])
                 continue
+            if self.target_token:
+                sentence = f"{self.target_token} {sentence}"
             ids = self.vocab.encode(self.segmenter.segment(sentence, self.source_lang))
             if len(ids) > limit:
                 self.warnings.append(f"line {n}: {len(ids)} tokens exceed the model's {limit}; translated truncated")
@@ -121,9 +125,13 @@ class TextTranslator:
             out.append(ids)
         return out
 
+    def target_ids(self, text: str) -> list[int]:
+        """Token ids of raw target-side text (a prefix, a constraint, a reference), no </s>."""
+        return self.target_vocab.encode(self.target_segmenter.segment(text, self.target_lang))
+
     def decode(self, ids: Sequence[int]) -> str:
         """Raw (detokenized) text of output ids."""
-        return self.segmenter.desegment(self.vocab.decode(ids), self.target_lang)
+        return self.segmenter.desegment(self.target_vocab.decode(ids), self.target_lang)
 
     def max_output_tokens(self, source_len: int, max_len_a: float, max_len_b: int) -> int:
         """The most output tokens before </s> for a source of `source_len` tokens (no </s>): `lengths`' formula,

@@ -38,7 +38,7 @@ class EnsembleModel:
     def __init__(self, models: Sequence[Transformer], searches: int = 1) -> None:
         self.models = list(models)
         first = self.models[0].config
-        self.pad, self.vocab_size = first.pad, first.vocab_size
+        self.pad, self.vocab_size = first.pad, first.target_vocab
         self.max_positions = min(m.config.max_positions for m in self.models)
         self.pool = CachePool(keep=len(self.models) * searches)  # each model's cache, per search at once
 
@@ -63,8 +63,8 @@ class EnsembleModel:
         if len(self.models) == 1:
             model = self.models[0]
             hidden = model.decode_step(tokens, states[0])  # (N, d)
-            return linear_log_softmax(hidden, model.embed.weight, exclude=(pad, bos), packed=model.packed_output,
-                                      vocab=model.config.vocab_size)
+            return linear_log_softmax(hidden, model.output_matrix, exclude=(pad, bos), packed=model.packed_output,
+                                      vocab=model.config.target_vocab, bias=model.logit_bias)
         lprobs = [torch.log_softmax(m.logits(m.decode_step(tokens, s)).float(), dim=-1)
                   for m, s in zip(self.models, states)]
         scores = torch.logsumexp(torch.stack(lprobs), dim=0) - math.log(len(lprobs))

@@ -12,7 +12,13 @@ import torch
 
 from nmt_cli.errors import NmtError
 from nmt_cli.hardware import resolve_device
-from nmt_cli.model.checkpoint import load_checkpoint, model_from_checkpoint, require_keys
+from nmt_cli.model.checkpoint import (
+    TOKENIZER_KEYS,
+    load_checkpoint,
+    model_from_checkpoint,
+    require_keys,
+    target_vocabulary,
+)
 from nmt_cli.model.precision import PRECISIONS, resolve_precision
 from nmt_cli.model.transformer import Transformer, count_parameters
 from nmt_cli.text.segment import Segmenter, segmenter_of
@@ -34,13 +40,14 @@ class Translator(TextTranslator):
 
     def __init__(self, models: Sequence[Transformer], vocab: Vocabulary, segmenter: Segmenter, source_lang: str,
                  target_lang: str, device: torch.device, precision: str = "fp32", workers: int = 1,
-                 threads: int = 0) -> None:
+                 threads: int = 0, target_vocab: Vocabulary | None = None) -> None:
         precision = resolve_precision(precision, device)
         if threads < 0:
             raise NmtError(f"--threads must be 0 (torch's default) or more (got {threads})")
         size_kernel_cache(DECODING_KERNEL_CACHE)
         self.ensemble = EnsembleModel(models, searches=workers)
-        super().__init__(vocab, segmenter, source_lang, target_lang, self.ensemble.max_positions, workers)
+        super().__init__(vocab, segmenter, source_lang, target_lang, self.ensemble.max_positions, workers,
+                         target_vocab)
         self.device, self.precision = device, precision
         if threads and workers == 1:
             torch.set_num_threads(threads)
@@ -68,8 +75,7 @@ class Translator(TextTranslator):
             state = require_keys(load_checkpoint(path), path)
             if first is None:
                 first = state
-            elif (state["vocab"], state["bpe_codes"], state.get("sentencepiece")) != (
-                    first["vocab"], first["bpe_codes"], first.get("sentencepiece")):
+            elif [state.get(k) for k in TOKENIZER_KEYS] != [first.get(k) for k in TOKENIZER_KEYS]:
                 raise NmtError(f"{path}: vocabulary or tokenizer differ from {paths[0]}; cannot ensemble")
             model, vocab = model_from_checkpoint(state)
             if precision != "fp32":
@@ -77,7 +83,8 @@ class Translator(TextTranslator):
             models.append(model.to(dev).pack_weights())
         assert first is not None
         translator = cls(models, vocab, segmenter_of(first, paths[0]), first["source_lang"], first["target_lang"],
-                         dev, precision, workers, threads)
+                         dev, precision, workers, threads, target_vocabulary(first))
+        translator.target_token = first.get("target_token", "")
         translator.decoding = stored_decoding(first, paths[0])  # an ensemble searches as its first model would
         return translator
 
@@ -107,6 +114,7 @@ class Translator(TextTranslator):
 
         index = self.alignment_layer(layer)
         model, symbols, vocab = self.ensemble.models[0], self.vocab.symbols, self.vocab
+        target_symbols = self.target_vocab.symbols
         out = []
         for source, output, (source_ids, output_ids) in zip(sources, outputs, ids):
             if not source_ids or not output_ids:
@@ -115,7 +123,7 @@ class Translator(TextTranslator):
             maps = attention_maps(model, source_ids, output_ids, symbols, vocab.bos, vocab.eos)
             source_words = piece_words([symbols[i] for i in source_ids], source, self.segmenter.surface,
                                        by_character(self.source_lang))
-            output_words = piece_words([symbols[i] for i in output_ids], output, self.segmenter.surface,
+            output_words = piece_words([target_symbols[i] for i in output_ids], output, self.target_segmenter.surface,
                                        by_character(self.target_lang))
             out.append(word_alignments(maps.weights["cross"][index], source_words, output_words))
         return out
@@ -151,7 +159,7 @@ class Translator(TextTranslator):
             ids: list = []
             self.translate_nbest([sentence], ids_out=ids)
             return source, ids[0][1]
-        target = self.vocab.encode(self.segmenter.segment(reference, self.target_lang))
+        target = self.target_ids(reference)
         if not target:
             raise NmtError("--reference is empty: nothing to force-decode")
         if len(target) > most:

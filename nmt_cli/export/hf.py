@@ -29,10 +29,11 @@ import torch
 
 from nmt_cli.decode.pipeline import stored_decoding
 from nmt_cli.errors import NmtError
-from nmt_cli.model.checkpoint import load_checkpoint, model_from_checkpoint, require_keys
+from nmt_cli.model.checkpoint import load_checkpoint, model_from_checkpoint, require_keys, target_vocabulary
 from nmt_cli.text.segment import with_plain_spaces
 from nmt_cli.textio import check_replaceable, export_kind, mark_export, publish_directory, staging_directory
 
+HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "silu": "swish"}  # nmt's names -> Transformers'
 INSTALL_HINT = ("nmt export transformers needs Hugging Face Transformers; install it with: pip install "
                 "-e '.[hf]' (or pip install transformers)")
 
@@ -87,9 +88,21 @@ def bart_layers(w: dict[str, torch.Tensor], layers: int, perm: torch.Tensor) -> 
     return out
 
 
+def output_layer(model, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A model's (source embedding, target embedding, output projection, logit bias or None), float32, without
+    padding rows (`ModelConfig.rows`)."""
+    c = model.config
+    source = model.embed.weight.detach().float()[: c.vocab_size]
+    target = (model.target_embed.weight if model.target_embed is not None else model.embed.weight).detach().float()
+    output = model.output_matrix.detach().float()[: c.target_vocab]
+    bias = None if model.logit_bias is None else model.logit_bias.detach().float()[: c.target_vocab]
+    return source, target[: c.target_vocab], output, bias
+
+
 def marian_state_dict(state: dict) -> tuple[dict, dict]:
     """(MarianConfig keyword arguments, MarianMTModel state dict) of an nmt checkpoint's model."""
     model, vocab = model_from_checkpoint(state)
+    target_vocab = target_vocabulary(state)
     c = model.config
     why = ("pre-norm layers (Marian's are post-norm)" if c.pre_norm else
            "learned positions (Marian's are sinusoids)" if c.learned_positions else
@@ -100,19 +113,23 @@ def marian_state_dict(state: dict) -> tuple[dict, dict]:
     d, perm = c.d_model, marian_permutation(c.d_model)
     w = {k: v.detach().float() for k, v in model.state_dict().items()}
     out = bart_layers(w, c.layers, perm)
-    embed = w["embed.weight"][: c.vocab_size, perm].contiguous()  # without padding rows (`ModelConfig.rows`)
-    for name in ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
-                 "lm_head.weight"):
-        out[name] = embed
-    out["final_logits_bias"] = torch.zeros(1, len(vocab))
+    source, target, output, bias = (t if t is None or t.dim() == 1 else t[:, perm].contiguous()
+                                    for t in output_layer(model, c.rows))
+    out["model.encoder.embed_tokens.weight"], out["model.decoder.embed_tokens.weight"] = source, target
+    if c.shared_embeddings:
+        out["model.shared.weight"] = source
+    out["lm_head.weight"] = output
+    # A logit bias of -inf (a row an imported model lacks, see hf_import) stays: that column is no token.
+    out["final_logits_bias"] = (torch.zeros(len(target_vocab)) if bias is None else bias)[None]
     config = dict(
-        vocab_size=len(vocab), decoder_vocab_size=len(vocab), d_model=d, encoder_layers=c.layers,
+        vocab_size=len(vocab), decoder_vocab_size=len(target_vocab), d_model=d, encoder_layers=c.layers,
         decoder_layers=c.layers, encoder_ffn_dim=c.ffn, decoder_ffn_dim=c.ffn, encoder_attention_heads=c.heads,
-        decoder_attention_heads=c.heads, max_position_embeddings=c.max_positions, activation_function="relu",
-        dropout=c.dropout, attention_dropout=c.attention_dropout, activation_dropout=c.activation_dropout,
-        scale_embedding=True, pad_token_id=vocab.pad, bos_token_id=vocab.bos, eos_token_id=vocab.eos,
-        forced_eos_token_id=vocab.eos, decoder_start_token_id=vocab.bos, share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=True)
+        decoder_attention_heads=c.heads, max_position_embeddings=c.max_positions,
+        activation_function=HF_ACTIVATIONS[c.activation], dropout=c.dropout, attention_dropout=c.attention_dropout,
+        activation_dropout=c.activation_dropout, scale_embedding=c.scale_embedding, pad_token_id=vocab.pad,
+        bos_token_id=vocab.bos, eos_token_id=vocab.eos, forced_eos_token_id=vocab.eos,
+        decoder_start_token_id=vocab.bos, share_encoder_decoder_embeddings=c.shared_embeddings,
+        tie_word_embeddings=c.tied_output)
     return config, out
 
 
@@ -123,8 +140,10 @@ def fsmt_state_dict(state: dict) -> tuple[dict, dict]:
     from padding_idx + 1 (fairseq's convention), so nmt's table, row for row, goes there from that row on: no
     permutation is needed, and learned positions export as they are."""
     model, vocab = model_from_checkpoint(state)
+    target_vocab = target_vocabulary(state)
     c = model.config
     why = ("pre-norm layers (FSMT's are post-norm)" if c.pre_norm else
+           "a logit bias (FSMT's output layer has none)" if c.output_bias else
            f"heads of {c.dk} x {c.heads} that do not make up d_model {c.d_model}" if c.dk * c.heads != c.d_model else
            None)
     if why:
@@ -135,17 +154,19 @@ def fsmt_state_dict(state: dict) -> tuple[dict, dict]:
     positions = torch.zeros(c.max_positions + vocab.pad + 1, d)
     positions[vocab.pad + 1 :] = table
     out = bart_layers(w, c.layers, torch.arange(d))  # FSMT keeps nmt's dimension order
-    for name in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
-                 "model.decoder.output_projection.weight"):
-        out[name] = w["embed.weight"][: c.vocab_size]
+    source, target, output, _ = output_layer(model, c.rows)
+    out["model.encoder.embed_tokens.weight"], out["model.decoder.embed_tokens.weight"] = source, target
+    out["model.decoder.output_projection.weight"] = output
     out["model.encoder.embed_positions.weight"] = out["model.decoder.embed_positions.weight"] = positions
     config = dict(
-        langs=[state["source_lang"], state["target_lang"]], src_vocab_size=len(vocab), tgt_vocab_size=len(vocab),
-        activation_function="relu", d_model=d, max_length=min(512, c.max_positions),
+        langs=[state["source_lang"], state["target_lang"]], src_vocab_size=len(vocab),
+        tgt_vocab_size=len(target_vocab), activation_function=HF_ACTIVATIONS[c.activation], d_model=d,
+        max_length=min(512, c.max_positions),
         max_position_embeddings=c.max_positions, encoder_ffn_dim=c.ffn, encoder_layers=c.layers,
         encoder_attention_heads=c.heads, decoder_ffn_dim=c.ffn, decoder_layers=c.layers,
         decoder_attention_heads=c.heads, dropout=c.dropout, attention_dropout=c.attention_dropout,
-        activation_dropout=c.activation_dropout, scale_embedding=True, tie_word_embeddings=True, num_beams=4,
+        activation_dropout=c.activation_dropout, scale_embedding=c.scale_embedding,
+        tie_word_embeddings=c.tied_output and c.shared_embeddings, num_beams=4,
         pad_token_id=vocab.pad, bos_token_id=vocab.bos, eos_token_id=vocab.eos, forced_eos_token_id=vocab.eos,
         decoder_start_token_id=vocab.bos)
     return config, out
@@ -167,11 +188,12 @@ def model_card(state: dict, checkpoint: str | Path, kind: str = "marian") -> str
         merges = len([x for x in state["bpe_codes"].splitlines() if x.strip() and not x.startswith("#version")])
         pieces = (f"Moses tokenization and joint BPE ({merges:,} merges, {len(state['vocab']):,} pieces for both "
                   "languages)")
-        caveat = ("\nFSMTTokenizer always replaces Unicode punctuation, normalizes punctuation (Moses) and escapes "
-                  "`& < > ' \"` as `&amp;` etc.; this model was trained without escaping"
-                  + ("" if tokenizer.get("normalize_punctuation") else " and without normalization")
-                  + ", so input lines holding those characters are tokenized otherwise than in training (nmt "
-                  "translate reads them as trained).\n")
+        caveat = "" if tokenizer.get("pipeline") == "fsmt" else (  # a model imported from FSMT tokenizes as it
+            "\nFSMTTokenizer always replaces Unicode punctuation, normalizes punctuation (Moses) and escapes "
+            "`& < > ' \"` as `&amp;` etc.; this model was trained without escaping"
+            + ("" if tokenizer.get("normalize_punctuation") else " and without normalization")
+            + ", so input lines holding those characters are tokenized otherwise than in training (nmt "
+            "translate reads them as trained).\n")
     else:
         pieces = (f"{len(state['vocab']):,} SentencePiece {tokenizer.get('model_type', 'unigram')} pieces for both "
                   "languages")
@@ -285,10 +307,15 @@ def _marian(state: dict, checkpoint: str | Path) -> tuple:
     model = _loaded(MarianMTModel(MarianConfig(**config_args)), weights, "Marian", ignore="embed_positions")
     model.generation_config.max_length = min(512, state["config"]["max_positions"])
     spm = with_plain_spaces(state["sentencepiece"])  # MarianTokenizer gives it raw text: spaces as nmt's
-    files = {"source.spm": spm, "target.spm": spm,
+    target_spm = with_plain_spaces(state["target_sentencepiece"]) if state.get("target_sentencepiece") else spm
+    separate = bool(state.get("target_vocab"))
+    files = {"source.spm": spm, "target.spm": target_spm,
              "vocab.json": json.dumps({s: i for i, s in enumerate(state["vocab"])}, ensure_ascii=False)}
+    if separate:
+        files["target_vocab.json"] = json.dumps({s: i for i, s in enumerate(state["target_vocab"])},
+                                                ensure_ascii=False)
     return model, files, {"tokenizer_class": "MarianTokenizer", "source_lang": state["source_lang"],
-                          "target_lang": state["target_lang"], "separate_vocabs": False, "unk_token": "<unk>",
+                          "target_lang": state["target_lang"], "separate_vocabs": separate, "unk_token": "<unk>",
                           "eos_token": "</s>", "pad_token": "<pad>"}
 
 
@@ -302,8 +329,11 @@ def _fsmt(state: dict, checkpoint: str | Path) -> tuple:
         raise NmtError(f"{checkpoint}: {e}") from None
     model = _loaded(FSMTForConditionalGeneration(FSMTConfig(**config_args)), weights, "FSMT")
     vocab = json.dumps({s: i for i, s in enumerate(fsmt_symbols(state["vocab"]))}, ensure_ascii=False)
+    target_vocab = json.dumps({s: i for i, s in enumerate(fsmt_symbols(target_vocabulary(state).symbols))},
+                              ensure_ascii=False)
     merges = [line for line in state["bpe_codes"].splitlines() if line.strip() and not line.startswith("#version")]
-    files = {"vocab-src.json": vocab, "vocab-tgt.json": vocab, "merges.txt": "".join(m + "\n" for m in merges)}
+    files = {"vocab-src.json": vocab, "vocab-tgt.json": target_vocab, "merges.txt": "".join(m + "\n" for m in merges)}
+    lowercase = bool((state.get("tokenizer") or {}).get("lowercase"))
     return model, files, {"tokenizer_class": "FSMTTokenizer", "langs": [state["source_lang"], state["target_lang"]],
-                          "do_lower_case": False, "unk_token": "<unk>", "pad_token": "<pad>", "bos_token": "<s>",
+                          "do_lower_case": lowercase, "unk_token": "<unk>", "pad_token": "<pad>", "bos_token": "<s>",
                           "sep_token": "</s>"}

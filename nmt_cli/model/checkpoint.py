@@ -163,6 +163,16 @@ def require_keys(state: dict, path: str | Path, keys: Sequence[str] = TRANSLATIO
     return state
 
 
+# What a checkpoint's text pipeline is made of: checkpoints that differ in none of these read and write text
+# alike (an ensemble, an average). The target's own vocabulary and SentencePiece model: models made elsewhere.
+TOKENIZER_KEYS = ("vocab", "target_vocab", "bpe_codes", "sentencepiece", "target_sentencepiece", "tokenizer")
+
+
+def target_vocabulary(state: dict) -> Vocabulary:
+    """The vocabulary of a checkpoint's target side: its own where it has one, else the shared one."""
+    return Vocabulary(state.get("target_vocab") or state["vocab"])
+
+
 def model_from_checkpoint(state: dict) -> tuple[Transformer, Vocabulary]:
     """The model (in eval mode) and vocabulary a checkpoint describes."""
     config = ModelConfig.from_dict(state["config"])
@@ -200,7 +210,8 @@ def numbered_checkpoints(save_dir: str | Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-SELF_CONTAINED_KEYS = ("config", "vocab", "bpe_codes", "sentencepiece", "source_lang", "target_lang", "tokenizer")
+SELF_CONTAINED_KEYS = ("config", "vocab", "target_vocab", "bpe_codes", "sentencepiece", "target_sentencepiece",
+                       "source_lang", "target_lang", "tokenizer", "target_token")
 
 
 def with_ema_weights(state: dict, path: str | Path) -> dict:
@@ -233,7 +244,7 @@ def average_checkpoints(paths: Sequence[str | Path], ema: bool = False) -> dict:
         if differ := architecture_differences(first["config"], state["config"]):
             changed = ", ".join(f"{k} {first['config'].get(k)} -> {state['config'].get(k)}" for k in differ)
             raise NmtError(f"{path}: model config differs from {paths[0]} ({changed}); cannot average")
-        if state["vocab"] != first["vocab"]:
+        if (state["vocab"], state.get("target_vocab")) != (first["vocab"], first.get("target_vocab")):
             raise NmtError(f"{path}: vocabulary differs from {paths[0]}; cannot average")
         if state.get("run", first.get("run")) != first.get("run", state.get("run")):
             raise NmtError(f"{path}: from another training run than {paths[0]} (their run ids differ: a save dir "

@@ -197,11 +197,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, smoothing: float, chunk: int,
-                compute_dtype: torch.dtype, vocab: int) -> Tensor:
+                compute_dtype: torch.dtype, vocab: int, bias: Tensor | None = None) -> Tensor:
         padded = vocab < weight.shape[0]  # rows past `vocab` are padding: their logits are masked
+        real = real_columns(vocab, bias)  # the columns label smoothing spreads over
         with torch.autocast(hidden.device.type, enabled=False):
             h, w = hidden.to(compute_dtype), weight.to(compute_dtype)
-            w_mean = weight[:vocab].float().mean(0)  # (d,): the mean logit of a row is h . w_mean
+            b = None if bias is None else bias.to(compute_dtype)
+            w_mean = (weight[:vocab] if real is None else weight[:vocab][real]).float().mean(0)  # (d,)
+            b_mean = 0.0 if bias is None else bias[:vocab][real].float().mean()  # the mean logit: h . w_mean + b_mean
             grad_hidden = torch.empty_like(h)  # (N, d)
             grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)  # (V, d)
             total = torch.zeros((), dtype=torch.float32, device=hidden.device)
@@ -216,6 +219,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     # not build and cache new kernels for each batch. Zero rows add nothing to grad_weight.
                     hc = torch.cat([hc, hc.new_zeros(chunk - rows, hc.shape[1])])
                 logits = hc @ w.t()  # (chunk, V) in the compute dtype
+                if b is not None:
+                    logits += b
                 if padded:
                     logits[:, vocab:] = -math.inf  # never predicted; their gradients come out zero
                 # One fused kernel (float32 arithmetic inside, even for bf16 logits) instead of the casts,
@@ -233,7 +238,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     target_p = p[:rows].gather(1, tc[:, None]).squeeze(1).float()
                     nll = -target_p.clamp_min(tiny).log()
                     lse = target_logit + nll
-                uniform = lse - hc_real @ w_mean  # cross-entropy against the uniform distribution
+                uniform = lse - hc_real @ w_mean - b_mean  # cross-entropy against the uniform distribution
                 total += ((1 - smoothing) * nll + smoothing * uniform).sum()
                 grad_hidden[start : start + rows] = (
                     (p @ w)[:rows].float() - smoothing * w_mean - (1 - smoothing) * weight[tc].float()
@@ -241,7 +246,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 grad_weight += (p.t() @ hc).float()
                 hidden_sum += hc_real.sum(0)
                 grad_weight.index_add_(0, tc, hc_real, alpha=-(1 - smoothing))
-            grad_weight[:vocab] -= (smoothing / vocab) * hidden_sum  # the eps / V term, once for all rows
+            if real is None:
+                grad_weight[:vocab] -= (smoothing / vocab) * hidden_sum  # the eps / V term, once for all rows
+            else:
+                columns = real.nonzero().squeeze(1)
+                grad_weight.index_add_(0, columns, (-smoothing / len(columns)) * hidden_sum.expand(len(columns), -1))
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.dtypes = (hidden.dtype, weight.dtype)
         return total
@@ -251,7 +260,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_hidden, grad_weight = ctx.saved_tensors
         hidden_dtype, weight_dtype = ctx.dtypes
         return ((grad_hidden * grad_output).to(hidden_dtype), (grad_weight * grad_output).to(weight_dtype),
-                None, None, None, None, None)
+                None, None, None, None, None, None)
 
 
 # Rows of the output projection per chunk of the fused loss. CPU: 256 keeps a (rows x V) chunk in cache and
@@ -265,8 +274,17 @@ def loss_chunk_rows(device: torch.device) -> int:
     return LOSS_CHUNK_ROWS.get(device.type, 256)
 
 
+def real_columns(vocab: int, bias: Tensor | None) -> Tensor | None:
+    """Which of the first `vocab` logit columns are tokens (bool (vocab,)): a column whose fixed bias is -inf
+    is none (a row a model made elsewhere lacks); None when every column is."""
+    if bias is None:
+        return None
+    real = torch.isfinite(bias[:vocab])
+    return None if bool(real.all()) else real
+
+
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, smoothing: float = 0.0,
-                         chunk: int = 256, vocab: int | None = None) -> Tensor:
+                         chunk: int = 256, vocab: int | None = None, bias: Tensor | None = None) -> Tensor:
     """Summed label-smoothed cross-entropy of logits `hidden @ weight^T` against `target`.
 
     hidden (N, d), weight (V, d), target (N,). Equals F.cross_entropy(hidden @ weight.T, target,
@@ -274,23 +292,26 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, smoothi
     in chunks and, when gradients are needed, theirs are computed in the same pass (as the Liger
     kernel does), so the backward pass is two scalings. Under autocast the matmuls run in its dtype.
     With `vocab` < V, the rows from `vocab` on are padding: the loss is over the first `vocab` columns (the
-    product still runs over all V, whose width is aligned) and the padding rows' gradient is zero.
+    product still runs over all V, whose width is aligned) and the padding rows' gradient is zero. `bias`
+    (V,), fixed: added to the logits; smoothing spreads over the columns where it is finite (`real_columns`).
     """
     device = hidden.device.type
     compute_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
     vocab = weight.shape[0] if vocab is None else vocab
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-        return _LinearCrossEntropy.apply(hidden, weight, target, smoothing, chunk, compute_dtype, vocab)
-    return linear_cross_entropy_and_nll(hidden, weight, target, smoothing, chunk, vocab)[0]
+        return _LinearCrossEntropy.apply(hidden, weight, target, smoothing, chunk, compute_dtype, vocab, bias)
+    return linear_cross_entropy_and_nll(hidden, weight, target, smoothing, chunk, vocab, bias)[0]
 
 
 @torch.no_grad()
 def linear_cross_entropy_and_nll(hidden: Tensor, weight: Tensor, target: Tensor, smoothing: float = 0.0,
-                                 chunk: int = 256, vocab: int | None = None) -> tuple[Tensor, Tensor]:
+                                 chunk: int = 256, vocab: int | None = None,
+                                 bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Summed label-smoothed cross-entropy and summed negative log-likelihood of the same logits, in one pass
     and without gradients (validation). Shapes and `vocab` as in `linear_cross_entropy`; both results float32
     scalars."""
     vocab = weight.shape[0] if vocab is None else vocab
+    real = real_columns(vocab, bias)
     device = hidden.device.type
     compute_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
     loss = hidden.new_zeros((), dtype=torch.float32)
@@ -299,10 +320,13 @@ def linear_cross_entropy_and_nll(hidden: Tensor, weight: Tensor, target: Tensor,
         w = weight.to(compute_dtype)
         for start in range(0, hidden.shape[0], chunk):
             logits = (hidden[start : start + chunk].to(compute_dtype) @ w.t()).float()  # (chunk, V)
+            if bias is not None:
+                logits += bias.to(compute_dtype).float()
             logits[:, vocab:] = -math.inf  # padding rows, if any
             lse = torch.logsumexp(logits, dim=-1)
             token_nll = lse - logits.gather(1, target[start : start + chunk, None]).squeeze(1)
-            uniform = lse - logits[:, :vocab].mean(-1)  # cross-entropy against the uniform distribution
+            tokens = logits[:, :vocab] if real is None else logits[:, :vocab][:, real]
+            uniform = lse - tokens.mean(-1)  # cross-entropy against the uniform distribution
             nll += token_nll.sum()
             loss += ((1 - smoothing) * token_nll + smoothing * uniform).sum()
     return loss, nll
@@ -340,27 +364,29 @@ def topk_rows(x: Tensor, k: int, group: int | None = None) -> tuple[Tensor, Tens
 
 def linear_log_softmax_topk(hidden: Tensor, weight: Tensor, k: int, exclude: tuple[int, ...] = (),
                             packed: PackedWeight | None = None, vocab: int | None = None,
-                            ) -> tuple[Tensor, Tensor, Tensor]:
+                            bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """The k largest entries per row of log_softmax(hidden @ weight^T), float32: a decoding step's output layer.
 
     hidden (N, d), weight (V, d). Returns values (N, k), their columns (N, k) and all log-probabilities
     (N, V) (`linear_log_softmax`); the top-k is `topk_rows`.
     """
-    log_probs = linear_log_softmax(hidden, weight, exclude, packed, vocab)
+    log_probs = linear_log_softmax(hidden, weight, exclude, packed, vocab, bias)
     values, columns = topk_rows(log_probs, k)
     return values, columns, log_probs
 
 
 def linear_log_softmax(hidden: Tensor, weight: Tensor, exclude: tuple[int, ...] = (),
-                       packed: PackedWeight | None = None, vocab: int | None = None) -> Tensor:
+                       packed: PackedWeight | None = None, vocab: int | None = None,
+                       bias: Tensor | None = None) -> Tensor:
     """log_softmax(hidden @ weight^T) in float32, (N, V): a decoding step's next-token distribution.
 
     Columns in `exclude` count in the normalization but are set to -inf, so they are never chosen; columns
-    from `vocab` on (padding rows of the weight) are -inf before it, so they do not count.
+    from `vocab` on (padding rows of the weight) are -inf before it, so they do not count; `bias` (V,) is added
+    to the logits.
     PyTorch's log-softmax is one fused pass with a vectorized exp (torch.exp alone is slower here, and
     logsumexp slower still). `packed`: see `linear`.
     """
-    logits = linear(hidden, weight, packed=packed).float()
+    logits = linear(hidden, weight, bias, packed=packed).float()
     if vocab is not None and vocab < logits.shape[-1]:
         logits[:, vocab:] = -math.inf
     if logits.device.type == "cpu":

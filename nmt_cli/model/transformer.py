@@ -41,11 +41,34 @@ class ModelConfig:
     # tensor cores and vector units (fairseq pads its dictionary to 8). Padding rows stay zero and are never
     # predicted (masked in the loss and the search); exports strip them. 1 for checkpoints from before.
     vocab_multiple: int = 1
+    # What models made elsewhere need (`nmt import transformers`); the defaults are nmt's own (section 3.4).
+    target_vocab_size: int | None = None  # a target vocabulary of its own; None: the source's
+    shared_embeddings: bool = True  # encoder and decoder read one embedding matrix (needs one vocabulary)
+    tied_output: bool = True  # the output projection is the decoder's embedding matrix
+    output_bias: bool = False  # a fixed bias on the logits (Marian's final_logits_bias); -inf: never a token
+    activation: str = "relu"  # the FFN's: relu (eq. 2), gelu or silu
+    scale_embedding: bool = True  # embeddings x sqrt(d_model) (section 3.4)
+
+    def __post_init__(self) -> None:
+        if self.activation not in ACTIVATIONS:
+            raise NmtError(f"unknown activation {self.activation!r} (this nmt knows {', '.join(ACTIVATIONS)})")
+        if self.shared_embeddings and self.target_vocab_size not in (None, self.vocab_size):
+            raise NmtError("shared source and target embeddings need one vocabulary")
 
     @property
     def rows(self) -> int:
-        """Rows of the embedding (and output) matrix: vocab_size rounded up to a multiple of vocab_multiple."""
+        """Rows of the (source) embedding matrix: vocab_size rounded up to a multiple of vocab_multiple."""
         return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
+
+    @property
+    def target_vocab(self) -> int:
+        """Symbols of the target vocabulary, the columns of the logits."""
+        return self.target_vocab_size or self.vocab_size
+
+    @property
+    def target_rows(self) -> int:
+        """Rows of the target embedding and output matrices: target_vocab rounded up as `rows`."""
+        return -(-self.target_vocab // self.vocab_multiple) * self.vocab_multiple
 
     @property
     def dk(self) -> int:
@@ -59,6 +82,9 @@ class ModelConfig:
     def from_dict(cls, d: dict) -> ModelConfig:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}
 
 
 # Settings that act only while training: checkpoints that differ in them (a run resumed with another dropout)
@@ -224,12 +250,15 @@ class MultiHeadAttention(nn.Module):
 class PositionwiseFeedForward(nn.Module):
     """FFN(x) = max(0, x W1 + b1) W2 + b2 (eq. 2)."""
 
-    def __init__(self, d_model: int, ffn: int, activation_dropout: float = 0.0) -> None:
+    def __init__(self, d_model: int, ffn: int, activation_dropout: float = 0.0, activation: str = "relu") -> None:
         super().__init__()
         self.w1, self.w2 = Linear(d_model, ffn), Linear(ffn, d_model)
-        self.activation_dropout = activation_dropout
+        self.activation_dropout, self.activation = activation_dropout, activation
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.activation != "relu":  # GELU or SiLU, for models made elsewhere: no fused kernel
+            inner = ACTIVATIONS[self.activation](self.w1(x))
+            return self.w2(dropout(inner, self.activation_dropout, self.training))
         if self.training and self.activation_dropout > 0:
             return self.w2(relu_dropout(self.w1(x), self.activation_dropout, self.training))
         return self.w2(self.w1(x, relu=True))  # ReLU fused into oneDNN's product
@@ -254,7 +283,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, c: ModelConfig) -> None:
         super().__init__()
         self.self_attn = MultiHeadAttention(c.d_model, c.heads, c.attention_dropout, c.dk)
-        self.feed_forward = PositionwiseFeedForward(c.d_model, c.ffn, c.activation_dropout)
+        self.feed_forward = PositionwiseFeedForward(c.d_model, c.ffn, c.activation_dropout, c.activation)
         self.sublayer = nn.ModuleList(SublayerConnection(c.d_model, c.dropout, c.pre_norm) for _ in range(2))
 
     def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
@@ -407,7 +436,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = MultiHeadAttention(c.d_model, c.heads, c.attention_dropout, c.dk)
         self.cross_attn = MultiHeadAttention(c.d_model, c.heads, c.attention_dropout, c.dk)
-        self.feed_forward = PositionwiseFeedForward(c.d_model, c.ffn, c.activation_dropout)
+        self.feed_forward = PositionwiseFeedForward(c.d_model, c.ffn, c.activation_dropout, c.activation)
         self.sublayer = nn.ModuleList(SublayerConnection(c.d_model, c.dropout, c.pre_norm) for _ in range(3))
 
     def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], src_mask: Tensor, cache: KVCache | None = None,
@@ -463,11 +492,13 @@ class Transformer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         c = self.config = config
-        self.embed = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad)
-        if c.rows > c.vocab_size:  # grown after construction: initialization draws the same random numbers
-            padding = torch.zeros(c.rows - c.vocab_size, c.d_model)
-            self.embed.weight = nn.Parameter(torch.cat([self.embed.weight.data, padding]))
-            self.embed.num_embeddings = c.rows
+        self.embed = _padded_embedding(c.vocab_size, c.rows, c.d_model, c.pad)
+        # Models made elsewhere may keep a target embedding, an output projection and a logit bias of their
+        # own; nmt's share one matrix (section 3.4) and have none of these.
+        self.target_embed = (None if c.shared_embeddings else
+                             _padded_embedding(c.target_vocab, c.target_rows, c.d_model, c.pad))
+        self.output_weight = None if c.tied_output else nn.Parameter(torch.empty(c.target_rows, c.d_model))
+        self.register_buffer("logit_bias", torch.zeros(c.target_rows) if c.output_bias else None)
         self.packed_output: PackedWeight | None = None  # the embedding matrix as the output layer's weight
         # Sinusoids (section 3.5), or learned position embeddings (Table 3 row E: "nearly identical results").
         self.register_buffer("positions", sinusoidal_positions(c.max_positions, c.d_model), persistent=False)
@@ -491,6 +522,11 @@ class Transformer(nn.Module):
             nn.init.normal_(self.embed.weight[: c.vocab_size], mean=0.0, std=c.d_model**-0.5)
             self.embed.weight[c.vocab_size :].zero_()  # padding rows (`ModelConfig.rows`)
             self.embed.weight[c.pad].zero_()
+            for matrix in (self.target_embed.weight if self.target_embed is not None else None, self.output_weight):
+                if matrix is not None:
+                    nn.init.normal_(matrix[: c.target_vocab], mean=0.0, std=c.d_model**-0.5)
+                    matrix[c.target_vocab :].zero_()
+                    matrix[c.pad].zero_()
         if self.position_embed is not None:  # as fairseq's learned positions: N(0, d^-1/2)
             nn.init.normal_(self.position_embed, mean=0.0, std=self.config.d_model**-0.5)
 
@@ -528,13 +564,24 @@ class Transformer(nn.Module):
                 module.packed_q, module.packed_kv = make(), make()
         self.packed_output = make()
 
-    def _embed(self, tokens: Tensor, offset: int = 0) -> Tensor:
+    @property
+    def output_matrix(self) -> Tensor:
+        """The output projection's weight (target_rows, d): the decoder's embedding matrix unless untied."""
+        if self.output_weight is not None:
+            return self.output_weight
+        return (self.target_embed if self.target_embed is not None else self.embed).weight
+
+    def _embed(self, tokens: Tensor, offset: int = 0, target: bool = False) -> Tensor:
         c = self.config
         length = tokens.shape[1]
         if offset + length > c.max_positions:
             raise NmtError(f"sequence of {offset + length} tokens exceeds the model's {c.max_positions} positions")
         positions = self.position_embed if self.position_embed is not None else self.positions
-        x = self.embed(tokens) * math.sqrt(c.d_model) + positions[offset : offset + length]
+        table = self.target_embed if target and self.target_embed is not None else self.embed
+        x = table(tokens)
+        if c.scale_embedding:
+            x = x * math.sqrt(c.d_model)
+        x = x + positions[offset : offset + length]
         return dropout(x, c.dropout, self.training)
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
@@ -552,16 +599,18 @@ class Transformer(nn.Module):
 
     def decode(self, prev_output: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
         """Teacher-forced decoder: prev_output (B, T) -> hidden states (B, T, d)."""
-        x = self._embed(prev_output)
+        x = self._embed(prev_output, target=True)
         compiled = self.compiled_layers is not None and self.training
         for layer, kv in zip(self.decoder, self.memory_kv(memory)):
             x = self.compiled_layers[1](layer, x, kv, src_mask) if compiled else layer(x, kv, src_mask)
         return self.decoder_norm(x)
 
     def logits(self, hidden: Tensor) -> Tensor:
-        """Output projection with the shared embedding matrix: (..., d) -> (..., V), the padding rows left out."""
-        logits = linear(hidden, self.embed.weight, packed=self.packed_output)
-        return logits[..., : self.config.vocab_size] if self.config.rows > self.config.vocab_size else logits
+        """Output projection (the shared embedding matrix, unless untied): (..., d) -> (..., V), the padding rows
+        left out."""
+        logits = linear(hidden, self.output_matrix, self.logit_bias, packed=self.packed_output)
+        c = self.config
+        return logits[..., : c.target_vocab] if c.target_rows > c.target_vocab else logits
 
     def forward(self, src: Tensor, prev_output: Tensor) -> Tensor:
         """Decoder hidden states (B, T, d) for teacher forcing; apply `logits` to the positions you need."""
@@ -585,7 +634,7 @@ class Transformer(nn.Module):
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
         """One decoder step: tokens (N,) of the current position -> decoder output (N, d); `logits` of it
         scores the next token."""
-        x = self._embed(tokens[:, None], offset=state.step)  # (N, 1, d)
+        x = self._embed(tokens[:, None], offset=state.step, target=True)  # (N, 1, d)
         state.cache.start_step(tokens.shape[0])
         for i, (layer, kv) in enumerate(zip(self.decoder, state.memory_kv)):
             x = layer(x, kv, state.src_mask, state.cache, i)
@@ -594,9 +643,21 @@ class Transformer(nn.Module):
         return self.decoder_norm(x[:, 0])
 
 
+def _padded_embedding(symbols: int, rows: int, d_model: int, pad: int) -> nn.Embedding:
+    """An embedding of `symbols` rows grown to `rows` (`ModelConfig.rows`): growing it after construction
+    draws the same random numbers as an unpadded one."""
+    embed = nn.Embedding(symbols, d_model, padding_idx=pad)
+    if rows > symbols:
+        embed.weight = nn.Parameter(torch.cat([embed.weight.data, torch.zeros(rows - symbols, d_model)]))
+        embed.num_embeddings = rows
+    return embed
+
+
 def padding_parameters(config: ModelConfig) -> int:
-    """The weights of the embedding's padding rows (`ModelConfig.rows`): zero, never used, left out by exports."""
-    return (config.rows - config.vocab_size) * config.d_model
+    """The weights of the embeddings' padding rows (`ModelConfig.rows`): zero, never used, left out by exports."""
+    c = config
+    target = (0 if c.shared_embeddings else 1) + (0 if c.tied_output else 1)
+    return (c.rows - c.vocab_size) * c.d_model + target * (c.target_rows - c.target_vocab) * c.d_model
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -63,9 +63,49 @@ def tokenize(line: str, lang: str, aggressive_dash: bool = True) -> str:
     return _tokenizer(lang).tokenize(line, escape=False, aggressive_dash_splits=aggressive_dash, return_str=True)
 
 
-def detokenize(line: str, lang: str) -> str:
-    """Undo `tokenize`: Moses detokenization, with ``@-@`` hyphens joined back."""
-    return _detokenizer(lang).detokenize(line.split(), return_str=True, unescape=False)
+def detokenize(line: str, lang: str, unescape: bool = False) -> str:
+    """Undo `tokenize`: Moses detokenization, with ``@-@`` hyphens joined back (and ``&amp;`` etc. unescaped
+    where the tokens were escaped)."""
+    return _detokenizer(lang).detokenize(line.split(), return_str=True, unescape=unescape)
+
+
+# Moses' replace-unicode-punctuation.perl, in its order: (pattern, replacement); regular expressions where
+# the script eats the spaces after a full stop.
+_UNICODE_PUNCTUATION = [
+    ("，", ","), (re.compile(r"。\s*"), ". "), ("、", ","), ("”", '"'), ("“", '"'), ("∶", ":"), ("：", ":"),
+    ("？", "?"), ("《", '"'), ("》", '"'), ("）", ")"), ("！", "!"), ("（", "("), ("；", ";"), ("１", "1"),
+    ("」", '"'), ("「", '"'), ("０", "0"), ("３", "3"), ("２", "2"), ("５", "5"), ("６", "6"), ("９", "9"),
+    ("７", "7"), ("８", "8"), ("４", "4"), (re.compile(r"．\s*"), ". "), ("～", "~"), ("’", "'"), ("…", "..."),
+    ("━", "-"), ("〈", "<"), ("〉", ">"), ("【", "["), ("】", "]"), ("％", "%")]
+
+
+def replace_unicode_punctuation(line: str) -> str:
+    """Moses replace-unicode-punctuation.perl: full-width and CJK punctuation and digits as ASCII."""
+    for pattern, replacement in _UNICODE_PUNCTUATION:
+        line = pattern.sub(replacement, line) if isinstance(pattern, re.Pattern) else line.replace(pattern, replacement)
+    return line
+
+
+def remove_non_printing(line: str) -> str:
+    """Moses remove-non-printing-char.perl: every character of Unicode category C (controls, format, ...)."""
+    import unicodedata
+
+    return "".join(c for c in line if not unicodedata.category(c).startswith("C"))
+
+
+@lru_cache(maxsize=8)
+def _plain_normalizer(lang: str) -> MosesPunctNormalizer:
+    return MosesPunctNormalizer(lang=lang)
+
+
+def fsmt_tokenize(line: str, lang: str, lowercase: bool = False) -> str:
+    """The tokenization of fairseq's WMT19 models as Transformers' FSMTTokenizer does it: (lowercase),
+    replace-unicode-punctuation, normalize-punctuation, remove-non-printing-char, then Moses tokenization with
+    XML escaping (``&amp;``) and aggressive hyphen splits."""
+    if lowercase:
+        line = line.lower()
+    line = remove_non_printing(_plain_normalizer(lang).normalize(replace_unicode_punctuation(line)))
+    return _tokenizer(lang).tokenize(line, escape=True, aggressive_dash_splits=True, return_str=True)
 
 
 def remove_bpe(line: str) -> str:

@@ -17,6 +17,7 @@ from nmt_cli.errors import NmtError
 from . import moses as text
 
 TOKENIZERS = ("moses", "sentencepiece")
+PIPELINES = ("", "fsmt")  # Moses tokenization: nmt's own (no escaping), or that of fairseq's WMT19 models
 SPM_TYPES = ("unigram", "bpe")
 # SentencePiece's recommendation for languages with rich character sets (CJK); 1.0 for the others.
 CHARACTER_COVERAGE = 0.9995
@@ -76,22 +77,33 @@ class Segmenter:
         """The characters of the raw text one piece stands for ('' where it cannot say), for alignments."""
         raise NotImplementedError
 
+    def target_side(self) -> Segmenter:
+        """The segmenter of the target side: this one, unless the target has a model of its own (OPUS-MT's
+        target.spm); `desegment` always speaks for the target."""
+        return self
+
 
 class MosesBpe(Segmenter):
-    """Moses tokenization (no escaping, aggressive hyphen splits), then BPE with ``@@`` continuation marks."""
+    """Moses tokenization (no escaping, aggressive hyphen splits), then BPE with ``@@`` continuation marks.
+    With `pipeline` "fsmt", the tokenization of fairseq's WMT19 models instead (`moses.fsmt_tokenize`)."""
 
     name = "moses"
 
-    def __init__(self, codes: str, normalize: bool = False, tags: Sequence[str] = ()) -> None:
+    def __init__(self, codes: str, normalize: bool = False, tags: Sequence[str] = (), pipeline: str = "",
+                 lowercase: bool = False) -> None:
         super().__init__(normalize, tags)
-        self.codes = codes
+        if pipeline not in PIPELINES:
+            raise NmtError(f"unknown Moses pipeline {pipeline!r} (this nmt knows {', '.join(PIPELINES)})")
+        self.codes, self.pipeline, self.lowercase = codes, pipeline, lowercase
         self.bpe = text.BpeApplier(codes)
 
     def _segment(self, line: str, lang: str) -> str:
+        if self.pipeline == "fsmt":
+            return self.bpe(text.fsmt_tokenize(line, lang, self.lowercase))
         return self.bpe(text.tokenize(line, lang))
 
     def desegment(self, pieces: str, lang: str) -> str:
-        return text.detokenize(text.remove_bpe(pieces), lang)
+        return text.detokenize(text.remove_bpe(pieces), lang, unescape=self.pipeline == "fsmt")
 
     def surface(self, piece: str) -> str:
         piece = piece.removesuffix(text.BPE_SEPARATOR)
@@ -103,21 +115,29 @@ class SentencePiece(Segmenter):
 
     name = "sentencepiece"
 
-    def __init__(self, model: bytes, normalize: bool = False, tags: Sequence[str] = ()) -> None:
-        import sentencepiece
-
+    def __init__(self, model: bytes, normalize: bool = False, tags: Sequence[str] = (),
+                 target_model: bytes | None = None, marian: bool = False) -> None:
         super().__init__(normalize, tags)
-        self.model = model
-        try:
-            self.processor = sentencepiece.SentencePieceProcessor(model_proto=model)
-        except (RuntimeError, TypeError) as e:
-            raise NmtError(f"not a SentencePiece model ({one_line(e)})") from None
+        self.model, self.target_model = model, target_model
+        self.processor = _processor(model)
+        self.target_processor = _processor(target_model) if target_model else self.processor
+        # An OPUS-MT model's vocabulary holds pieces of both its SentencePiece models: decode as MarianTokenizer
+        # does (<unk> left out, a piece the target model lacks spelled out with its spaces).
+        self.marian = marian
+
+    def target_side(self) -> Segmenter:
+        if self.target_model is None:
+            return self
+        return SentencePiece(self.target_model, self.normalize, self.tags, marian=self.marian)
 
     def _segment(self, line: str, lang: str) -> str:
         return " ".join(self.processor.encode(plain_spaces(line), out_type=str))
 
     def desegment(self, pieces: str, lang: str) -> str:
-        return self.processor.decode(pieces.split())
+        if self.marian:
+            kept = [p for p in pieces.split() if p != "<unk>"]
+            return self.target_processor.decode_pieces(kept).replace("\u2581", " ").strip()
+        return self.target_processor.decode(pieces.split())
 
     def surface(self, piece: str) -> str:
         if piece.startswith("<0x") and piece.endswith(">"):  # one byte of a character: no whole character
@@ -129,9 +149,19 @@ class SentencePiece(Segmenter):
         return [self.processor.id_to_piece(i) for i in range(self.processor.get_piece_size())]
 
 
-def segmenter_from(tokenizer: dict | None, bpe_codes: str, sentencepiece: bytes | None) -> Segmenter:
+def _processor(model: bytes):
+    import sentencepiece
+
+    try:
+        return sentencepiece.SentencePieceProcessor(model_proto=model)
+    except (RuntimeError, TypeError) as e:
+        raise NmtError(f"not a SentencePiece model ({one_line(e)})") from None
+
+
+def segmenter_from(tokenizer: dict | None, bpe_codes: str, sentencepiece: bytes | None,
+                   target_sentencepiece: bytes | None = None) -> Segmenter:
     """The segmenter a data dir's meta.json or a checkpoint records (`tokenizer`, its codes or SentencePiece
-    model)."""
+    model, the target side's own SentencePiece model if it has one)."""
     tokenizer = tokenizer or {}
     normalize = bool(tokenizer.get("normalize_punctuation", False))
     tags = tuple(tokenizer.get("tags", ()))
@@ -139,16 +169,18 @@ def segmenter_from(tokenizer: dict | None, bpe_codes: str, sentencepiece: bytes 
     if name == "sentencepiece":
         if not sentencepiece:
             raise NmtError("the tokenizer is SentencePiece, but its model is missing")
-        return SentencePiece(sentencepiece, normalize, tags)
+        return SentencePiece(sentencepiece, normalize, tags, target_sentencepiece,
+                             marian=tokenizer.get("imported") == "marian")
     if name != "moses":
         raise NmtError(f"unknown tokenizer {name!r} (this nmt knows {', '.join(TOKENIZERS)})")
-    return MosesBpe(bpe_codes, normalize, tags)
+    return MosesBpe(bpe_codes, normalize, tags, tokenizer.get("pipeline", ""), bool(tokenizer.get("lowercase")))
 
 
 def segmenter_of(state: dict, path: str | Path) -> Segmenter:
     """The segmenter a checkpoint carries; one line naming `path` when it lacks what its tokenizer needs."""
     try:
-        return segmenter_from(state.get("tokenizer"), state.get("bpe_codes", ""), state.get("sentencepiece"))
+        return segmenter_from(state.get("tokenizer"), state.get("bpe_codes", ""), state.get("sentencepiece"),
+                              state.get("target_sentencepiece"))
     except NmtError as e:
         raise NmtError(f"{path}: {e}") from None
 

@@ -24,7 +24,14 @@ from nmt_cli import __version__
 from nmt_cli.data.binarized import Batch, DataDir, collate, make_batches, prefetch, shuffled
 from nmt_cli.errors import NmtError
 from nmt_cli.hardware import resolve_device
-from nmt_cli.model.checkpoint import CheckpointWriter, load_checkpoint, model_only, numbered_checkpoints, to_host
+from nmt_cli.model.checkpoint import (
+    CheckpointWriter,
+    load_checkpoint,
+    model_only,
+    numbered_checkpoints,
+    target_vocabulary,
+    to_host,
+)
 from nmt_cli.model.precision import resolve_precision
 from nmt_cli.model.transformer import ModelConfig, Transformer, count_parameters, make_config
 from nmt_cli.textio import atomic_path, read_small_file, remove_temporaries
@@ -333,6 +340,9 @@ class Trainer:
             config = replace(ModelConfig.from_dict(initial["config"]), **changes)
             check_architecture_flags(opts, config)
         else:
+            if data.own_target_vocab is not None:
+                raise NmtError(f"{data.path}: has a target vocabulary of its own (prepared --from-model): train it "
+                               "with --init-from that model")
             config = make_config(opts.arch or "base", len(data.vocab), pad=data.vocab.pad, layers=opts.layers,
                                  d_model=opts.d_model, ffn=opts.ffn, heads=opts.heads, dropout=opts.dropout,
                                  attention_dropout=opts.attention_dropout,
@@ -472,7 +482,7 @@ class Trainer:
             raise NmtError(f"{self.opts.init_from}: the model was trained on --tokenizer {model_tokenizer} data, but "
                            f"{data.path} was prepared with --tokenizer {data_tokenizer}; prepare the fine-tuning data "
                            f"with nmt prepare --from-model {self.opts.init_from}")
-        if state["vocab"] != data.vocab.symbols:
+        if state["vocab"] != data.vocab.symbols or target_vocabulary(state) != data.target_vocab:
             raise NmtError(f"{self.opts.init_from}: vocabulary differs from {data.path / 'vocab.txt'}; prepare the "
                            f"fine-tuning data with nmt prepare --from-model {self.opts.init_from}")
         return state
@@ -814,6 +824,9 @@ class Trainer:
             "vocab": data.vocab.symbols,
             "bpe_codes": data.bpe_codes,
             "sentencepiece": data.sentencepiece,
+            **({"target_vocab": data.target_vocab.symbols} if data.own_target_vocab is not None else {}),
+            **({"target_sentencepiece": data.target_sentencepiece} if data.target_sentencepiece else {}),
+            **({"target_token": data.meta["target_token"]} if data.meta.get("target_token") else {}),
             "source_lang": data.source_lang,
             "target_lang": data.target_lang,
             "tokenizer": data.meta.get("tokenizer", {}),

@@ -66,11 +66,13 @@ class TranslationLoss(nn.Module):
         hidden = self.model(src, prev_output).flatten(0, 1).index_select(0, target_index)  # (n, d)
         # Only the real target positions reach the output projection (padding would cost matmul rows),
         # and the (tokens x V) logits are never held at once (see ops.linear_cross_entropy).
-        chunk, vocab = loss_chunk_rows(hidden.device), self.model.config.vocab_size  # past vocab: padding rows
+        model = self.model
+        chunk, vocab = loss_chunk_rows(hidden.device), model.config.target_vocab  # past vocab: padding rows
         if with_nll:
-            return linear_cross_entropy_and_nll(hidden, self.model.embed.weight, target, self.label_smoothing, chunk,
-                                                vocab)
-        return linear_cross_entropy(hidden, self.model.embed.weight, target, self.label_smoothing, chunk, vocab)
+            return linear_cross_entropy_and_nll(hidden, model.output_matrix, target, self.label_smoothing, chunk,
+                                                vocab, model.logit_bias)
+        return linear_cross_entropy(hidden, model.output_matrix, target, self.label_smoothing, chunk, vocab,
+                                    model.logit_bias)
 
 
 def autocast_context(precision: str, device: torch.device):
@@ -110,7 +112,8 @@ def valid_bleu(model: Transformer, data: DataDir, device: torch.device, precisio
     from nmt_cli.decode.translate import Translator
 
     translator = Translator([model], data.vocab, data.segmenter(), data.source_lang, data.target_lang, device,
-                            precision=precision)
+                            precision=precision, target_vocab=data.target_vocab)
+    translator.target_token = data.meta.get("target_token", "")
     sources = (data.path / f"valid.raw.{data.source_lang}").read_text(encoding="utf-8").splitlines()
     refs = (data.path / f"valid.raw.{data.target_lang}").read_text(encoding="utf-8").splitlines()
     was_training = model.training
