@@ -261,9 +261,10 @@ def publish_directory(staging: Path, out: Path) -> None:
 EXPORT_MARKER = "nmt-export.json"  # written last into an export folder: the folder is a finished export
 
 
-def mark_export(folder: Path, kind: str) -> None:
-    """Record in `folder`, as its last file, that it is a finished nmt export of `kind`."""
-    (folder / EXPORT_MARKER).write_text(json.dumps({"kind": kind}) + "\n", encoding="utf-8")
+def mark_export(folder: Path, kind: str, **extra) -> None:
+    """Record in `folder`, as its last file, that it is a finished nmt export of `kind` (with `extra`, such as
+    the tokenizer record an import restores)."""
+    (folder / EXPORT_MARKER).write_text(json.dumps({"kind": kind, **extra}) + "\n", encoding="utf-8")
 
 
 def export_kind(folder: Path) -> str | None:

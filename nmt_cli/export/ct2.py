@@ -57,18 +57,24 @@ def build_spec(state: dict) -> Any:
     _ctranslate2()
     from ctranslate2.specs import common_spec, transformer_spec
 
-    from nmt_cli.model.checkpoint import model_from_checkpoint
+    from nmt_cli.model.checkpoint import model_from_checkpoint, target_vocabulary
     from nmt_cli.model.transformer import sinusoidal_positions
 
+    from .hf import output_layer
+
     model, vocab = model_from_checkpoint(state)
+    target_vocab = target_vocabulary(state)
     c = model.config
     if c.dk * c.heads != c.d_model:
         raise NmtError(f"heads of {c.dk} x {c.heads} do not make up d_model {c.d_model} (--head-dim): CTranslate2's "
                        "Transformer cannot hold this model")
-    spec = transformer_spec.TransformerSpec.from_config(c.layers, c.heads, pre_norm=c.pre_norm,
-                                                        activation=common_spec.Activation.RELU)
+    activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,
+                  "silu": common_spec.Activation.SWISH}[c.activation]
+    spec = transformer_spec.TransformerSpec.from_config(c.layers, c.heads, pre_norm=c.pre_norm, activation=activation)
     weights = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    weights["embed.weight"] = weights["embed.weight"][: c.vocab_size]  # without padding rows (`ModelConfig.rows`)
+    # without padding rows (`ModelConfig.rows`); a model imported from elsewhere may have a target embedding, an
+    # output projection and a logit bias of its own
+    source, target, output, bias = (None if t is None else t.numpy() for t in output_layer(model, c.rows))
     d = c.d_model
     # The paper's sinusoids interleave sin and cos (section 3.5); CTranslate2's built-in ones are concatenated,
     # so the exact table is stored (or the learned one). Row 0 is the first token's position, as in nmt.
@@ -82,10 +88,10 @@ def build_spec(state: dict) -> Any:
     def norm(target: Any, prefix: str) -> None:
         target.gamma, target.beta = weights[f"{prefix}.weight"], weights[f"{prefix}.bias"]
 
-    for side, stack in (("encoder", spec.encoder), ("decoder", spec.decoder)):
+    for side, stack, table in (("encoder", spec.encoder, source), ("decoder", spec.decoder, target)):
         embeddings = stack.embeddings[0] if isinstance(stack.embeddings, list) else stack.embeddings
-        embeddings.weight = weights["embed.weight"]
-        stack.scale_embeddings = True  # x sqrt(d_model), section 3.4
+        embeddings.weight = table
+        stack.scale_embeddings = c.scale_embedding  # x sqrt(d_model), section 3.4
         stack.position_encodings.encodings = positions
         if c.pre_norm:
             norm(stack.layer_norm, f"{side}_norm")
@@ -109,10 +115,11 @@ def build_spec(state: dict) -> Any:
         linear(layer.ffn.linear_0, f"{p}.feed_forward.w1")
         linear(layer.ffn.linear_1, f"{p}.feed_forward.w2")
         norm(layer.ffn.layer_norm, f"{p}.sublayer.2.norm")
-    spec.decoder.projection.weight = weights["embed.weight"]  # tied output projection, no bias
-    tokens = ct2_tokens(vocab)
-    spec.register_source_vocabulary(tokens)
-    spec.register_target_vocabulary(tokens)
+    spec.decoder.projection.weight = output  # nmt's: the tied embedding matrix, no bias
+    if bias is not None:  # -inf (a column that is no token) as a large finite number, for every compute type
+        spec.decoder.projection.bias = bias.clip(min=-1e30)
+    spec.register_source_vocabulary(ct2_tokens(vocab))
+    spec.register_target_vocabulary(ct2_tokens(target_vocab))
     spec.config.add_source_eos = True  # nmt's sources end in </s>; decoding starts from <s>
     spec.config.decoder_start_token = "<s>"
     spec.config.layer_norm_epsilon = 1e-5  # torch.nn.LayerNorm's
@@ -159,9 +166,15 @@ def export_ctranslate2(checkpoint: str | Path, out: str | Path, quantization: st
                 "layers": state["config"]["layers"],
                 "d_model": state["config"]["d_model"],
                 "decoding": stored_decoding(state, checkpoint),
+                **({"target_token": state["target_token"]} if state.get("target_token") else {}),
                 "ctranslate2_version": ctranslate2.__version__}
         (model_dir / "nmt.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         (model_dir / "vocab.txt").write_text("".join(s + "\n" for s in state["vocab"]), encoding="utf-8")
+        if state.get("target_vocab"):
+            (model_dir / "target-vocab.txt").write_text("".join(s + "\n" for s in state["target_vocab"]),
+                                                        encoding="utf-8")
+        if state.get("target_sentencepiece"):
+            (model_dir / "target-spm.model").write_bytes(state["target_sentencepiece"])
         if state.get("sentencepiece"):
             (model_dir / "spm.model").write_bytes(state["sentencepiece"])
         else:
@@ -190,11 +203,13 @@ class CTranslate2Translator(TextTranslator):
 
     per_sentence_limits = True
 
-    def __init__(self, translator: Any, vocab: Vocabulary, segmenter: Any, meta: dict, workers: int = 1) -> None:
+    def __init__(self, translator: Any, vocab: Vocabulary, segmenter: Any, meta: dict, workers: int = 1,
+                 target_vocab: Vocabulary | None = None) -> None:
         super().__init__(vocab, segmenter, meta["source_lang"], meta["target_lang"], int(meta["max_positions"]),
-                         workers)
+                         workers, target_vocab)
         self.translator = translator
-        self.pieces = ct2_tokens(vocab)
+        self.pieces, self.target_pieces = ct2_tokens(vocab), ct2_tokens(self.target_vocab)
+        self.target_token = meta.get("target_token", "")
         self.meta = meta
 
     def describe(self) -> dict:
@@ -211,8 +226,12 @@ class CTranslate2Translator(TextTranslator):
             meta = json.loads((path / "nmt.json").read_text(encoding="utf-8"))
             symbols = (path / "vocab.txt").read_text(encoding="utf-8").splitlines()
             tokenizer = meta.get("tokenizer") or {}
+            own_target = path / "target-vocab.txt"
+            target_symbols = own_target.read_text(encoding="utf-8").splitlines() if own_target.exists() else None
+            target_spm = path / "target-spm.model"
             if tokenizer.get("name") == "sentencepiece":
-                segmenter = segmenter_from(tokenizer, "", (path / "spm.model").read_bytes())
+                segmenter = segmenter_from(tokenizer, "", (path / "spm.model").read_bytes(),
+                                           target_spm.read_bytes() if target_spm.exists() else None)
             else:
                 segmenter = segmenter_from(tokenizer, (path / "bpe.codes").read_text(encoding="utf-8"), None)
         except FileNotFoundError as e:
@@ -234,7 +253,8 @@ class CTranslate2Translator(TextTranslator):
         # Each of CTranslate2's `inter_threads` workers runs one batch at a time, on `intra_threads` threads.
         translator = ctranslate2.Translator(str(path), device=device, compute_type="default", inter_threads=workers,
                                             intra_threads=max(1, threads // workers))
-        loaded = cls(translator, Vocabulary(symbols), segmenter, meta, workers)
+        loaded = cls(translator, Vocabulary(symbols), segmenter, meta, workers,
+                     Vocabulary(target_symbols) if target_symbols else None)
         loaded.decoding = stored_decoding(meta, path / "nmt.json")
         return loaded
 
@@ -293,7 +313,7 @@ class CTranslate2Translator(TextTranslator):
         """CTranslate2's search over `rows` of sources under one length limit; hypotheses into `out`. With
         `sampling`, each source is repeated `nbest` times, one draw each."""
         batch = [[self.pieces[i] for i in sources[r]] for r in rows]
-        prefix = [[self.pieces[i] for i in prefixes[r]] or None for r in rows] if prefixes else None
+        prefix = [[self.target_pieces[i] for i in prefixes[r]] or None for r in rows] if prefixes else None
         options: dict = dict(beam_size=1 if greedy else beam, num_hypotheses=1 if greedy else nbest,
                              length_penalty=0.0 if greedy else lenpen)
         copies = 1
@@ -307,7 +327,7 @@ class CTranslate2Translator(TextTranslator):
             batch, target_prefix=prefix, **options, no_repeat_ngram_size=no_repeat_ngram_size,
             max_decoding_length=limit,  # output tokens before </s>, as nmt counts them
             return_scores=True, suppress_sequences=[["<s>"], ["<blank>"]], return_end_token=False)
-        index = self.vocab.index
+        index = self.target_vocab.index
         for j, r in enumerate(rows):
             out[r] = [([index[t] for t in tokens], score) for result in results[j * copies : (j + 1) * copies]
                       for tokens, score in zip(result.hypotheses, result.scores)]
@@ -315,5 +335,5 @@ class CTranslate2Translator(TextTranslator):
     def token_log_probs(self, sources: list[list[int]], targets: list[list[int]]) -> list[list[float]]:
         """Per-token log-probabilities of each target (ids without </s>; the </s> is scored last)."""
         results = self.translator.score_batch([[self.pieces[i] for i in s] for s in sources],
-                                              [[self.pieces[i] for i in t] for t in targets])
+                                              [[self.target_pieces[i] for i in t] for t in targets])
         return [list(r.log_probs) for r in results]

@@ -279,7 +279,9 @@ def export_transformers(checkpoint: str | Path, out: str | Path, force: bool = F
         (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n",
                                                       encoding="utf-8")
         (folder / "README.md").write_text(model_card(state, checkpoint, kind), encoding="utf-8")
-        mark_export(folder, "transformers")
+        # nmt's own tokenizer record: `nmt import transformers` reads the folder back as trained (FSMTTokenizer
+        # escapes characters nmt's Moses tokenization does not)
+        mark_export(folder, "transformers", tokenizer=state.get("tokenizer") or {})
         publish_directory(folder, out)
     return out
 

@@ -18,6 +18,8 @@ an unknown activation) is refused in one line naming the config field.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 from pathlib import Path
@@ -29,6 +31,7 @@ from nmt_cli.model.checkpoint import save_checkpoint
 from nmt_cli.model.transformer import ACTIVATIONS, ModelConfig
 from nmt_cli.text.segment import one_line
 from nmt_cli.text.vocab import SPECIALS
+from nmt_cli.textio import EXPORT_MARKER
 
 from .hf import INSTALL_HINT, marian_permutation
 
@@ -181,15 +184,24 @@ def _load_weights(folder: Path, kind: str) -> tuple[dict[str, torch.Tensor], obj
     if not any((folder / name).is_file() for name in ("model.safetensors", "pytorch_model.bin",
                                                        "model.safetensors.index.json", "pytorch_model.bin.index.json")):
         raise NmtError(f"{folder}: holds no weights (model.safetensors or pytorch_model.bin)")
+    from .hf import quiet_transformers
+
     try:
-        model, info = cls.from_pretrained(folder, output_loading_info=True)
+        # Transformers' loading bar and report stay out of nmt's output; what they say comes back as one line
+        with quiet_transformers(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            model, info = cls.from_pretrained(folder, output_loading_info=True, ignore_mismatched_sizes=True)
     except Exception as e:  # Transformers raises many kinds for a file that does not fit its config
         raise NmtError(f"{folder}: the weights do not load into config.json's model ({one_line(e)})") from None
     missing = [k for k in info.get("missing_keys", []) if "embed_positions" not in k]
     mismatched = info.get("mismatched_keys", [])
-    if missing or mismatched:
-        what = f"missing {missing[:3]}" if missing else f"of other shapes {[m[0] for m in mismatched][:3]}"
-        raise NmtError(f"{folder}: the weights do not fit config.json (weights {what})")
+    if mismatched:
+        first = sorted(mismatched, key=str)[0]  # (name, found, wanted) or the name, by Transformers' release
+        name, found, wanted = (list(first) + [None, None])[:3] if isinstance(first, (tuple, list)) else (first, None,
+                                                                                                            None)
+        shapes = f" holds {tuple(found)}, config.json wants {tuple(wanted)}" if found is not None else ""
+        raise NmtError(f"{folder}: the weights do not fit config.json (weight {name}{shapes})")
+    if missing:
+        raise NmtError(f"{folder}: the weights do not fit config.json (missing {', '.join(missing[:3])})")
     weights = {k: v.detach().float().clone() for k, v in model.state_dict().items()}
     return weights, model.generation_config
 
@@ -360,6 +372,9 @@ def import_transformers(folder: str | Path, out: str | Path, target_token: str |
                        if kind == "marian" else
                        {"name": "moses", "pipeline": "fsmt", "escape": True, "aggressive_dash_splits": True,
                         "normalize_punctuation": False, "lowercase": files["lowercase"], "imported": "fsmt"})
+    made_by_nmt = optional_json(folder / EXPORT_MARKER).get("tokenizer")
+    if isinstance(made_by_nmt, dict) and made_by_nmt.get("name") == tokenizer["name"]:
+        tokenizer = made_by_nmt  # an nmt export: its text is read as nmt trained it
     checkpoint = {
         "model": state, "config": model_config.to_dict(), "vocab": src_names,
         **({"target_vocab": tgt_names} if separate else {}),
