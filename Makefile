@@ -53,3 +53,4 @@ gpu-check: install     # does training work on this GPU, and how fast: one PASS/
 include recipes/multi30k.mk
 include recipes/wmt14.mk
 include recipes/tatoeba.mk
+include recipes/finetune.mk

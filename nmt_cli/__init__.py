@@ -23,6 +23,7 @@ API = {
     "score": "nmt_cli.decode.score",
     "export_ctranslate2": "nmt_cli.export.ct2",
     "export_transformers": "nmt_cli.export.hf",
+    "import_transformers": "nmt_cli.export.hf_import",
     "create_app": "nmt_cli.serve.app",
     "translator_thread": "nmt_cli.serve.batching",
 }

@@ -27,7 +27,7 @@ def multi30k_lines(data: Path, split: str, lang: str, n: int) -> list[str]:
         return [next(f).rstrip("\n") for _ in range(n)]
 
 
-def _sentencepiece(lines: list[str], size: int) -> bytes:
+def learn_sentencepiece(lines: list[str], size: int) -> bytes:
     import sentencepiece
 
     out = io.BytesIO()
@@ -36,14 +36,14 @@ def _sentencepiece(lines: list[str], size: int) -> bytes:
     return out.getvalue()
 
 
-def _pieces(model: bytes) -> list[str]:
+def spm_pieces(model: bytes) -> list[str]:
     import sentencepiece
 
     p = sentencepiece.SentencePieceProcessor(model_proto=model)
     return [p.id_to_piece(i) for i in range(3, p.get_piece_size())]  # without <unk> <s> </s>
 
 
-def _scale(model) -> None:
+def scale_up(model) -> None:
     with torch.no_grad():
         for name, w in model.named_parameters():
             if name.endswith(("fc2.weight", "out_proj.weight")):
@@ -62,19 +62,19 @@ def build_marian(folder: Path, data: Path, tied: bool, seed: int = 0) -> Path:
 
     torch.manual_seed(seed)
     folder.mkdir(parents=True)
-    src = _sentencepiece(multi30k_lines(data, "train", "en", 2000), 400)
-    tgt = _sentencepiece(multi30k_lines(data, "train", "de", 2000), 500)
+    src = learn_sentencepiece(multi30k_lines(data, "train", "en", 2000), 400)
+    tgt = learn_sentencepiece(multi30k_lines(data, "train", "de", 2000), 500)
     (folder / "source.spm").write_bytes(src)
     (folder / "target.spm").write_bytes(tgt)
     files = [str(folder / "source.spm"), str(folder / "target.spm"), str(folder / "vocab.json")]
     if tied:
-        symbols = ["</s>", "<unk>", *LANGUAGE_TOKENS, *dict.fromkeys(_pieces(src) + _pieces(tgt)), "<pad>"]
+        symbols = ["</s>", "<unk>", *LANGUAGE_TOKENS, *dict.fromkeys(spm_pieces(src) + spm_pieces(tgt)), "<pad>"]
         (folder / "vocab.json").write_text(json.dumps({s: i for i, s in enumerate(symbols)}), encoding="utf-8")
         tokenizer = MarianTokenizer(*files, source_lang="en", target_lang="de")
         sizes, pad = (len(symbols), len(symbols)), len(symbols) - 1
     else:
-        source_symbols = ["</s>", "<unk>", "<pad>", *_pieces(src)]
-        target_symbols = ["</s>", "<unk>", "<pad>", *_pieces(tgt)]
+        source_symbols = ["</s>", "<unk>", "<pad>", *spm_pieces(src)]
+        target_symbols = ["</s>", "<unk>", "<pad>", *spm_pieces(tgt)]
         (folder / "vocab.json").write_text(json.dumps({s: i for i, s in enumerate(source_symbols)}), encoding="utf-8")
         (folder / "target_vocab.json").write_text(json.dumps({s: i for i, s in enumerate(target_symbols)}),
                                                   encoding="utf-8")
@@ -85,7 +85,7 @@ def build_marian(folder: Path, data: Path, tied: bool, seed: int = 0) -> Path:
                           decoder_start_token_id=pad, activation_function="swish", scale_embedding=True,
                           share_encoder_decoder_embeddings=tied, tie_word_embeddings=tied, **SIZES)
     model = MarianMTModel(config)
-    _scale(model)
+    scale_up(model)
     with torch.no_grad():
         model.final_logits_bias.normal_(0, 0.5)
     model.save_pretrained(folder)
@@ -136,7 +136,7 @@ def build_fsmt(folder: Path, data: Path, tied: bool, seed: int = 0) -> Path:
                         activation_function="relu", scale_embedding=True, tie_word_embeddings=tied, pad_token_id=1,
                         bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, **SIZES)
     model = FSMTForConditionalGeneration(config)
-    _scale(model)
+    scale_up(model)
     model.save_pretrained(folder)
     tokenizer().save_pretrained(folder)
     return folder

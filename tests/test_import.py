@@ -16,8 +16,15 @@ from nmt_cli.export.hf_import import import_transformers
 from nmt_cli.model.checkpoint import load_checkpoint
 
 from .conftest import require_extra, shared_data
-from .hf_models import (LANGUAGE_TOKENS, build_fsmt, build_marian, multi30k_lines, target_ids_of,
-                        transformers_generate, transformers_greedy_log_probs)
+from .hf_models import (
+    LANGUAGE_TOKENS,
+    build_fsmt,
+    build_marian,
+    multi30k_lines,
+    target_ids_of,
+    transformers_generate,
+    transformers_greedy_log_probs,
+)
 
 LIMIT = 40  # output tokens before </s>: random models often reach it, so the rule at the limit is tested too
 LINES = 40
@@ -120,8 +127,8 @@ def test_fine_tune_imported_marian_then_export(folders, tmp_path):
              ["prepare", "--train", str(raw / "train"), "--valid", str(raw / "val"), "--from-model", str(model),
               "--out", str(tmp_path / "data"), "--workers", "1", "--quiet"],
              ["train", str(tmp_path / "data"), "--save-dir", str(tmp_path / "ft"), "--init-from", str(model),
-              "--max-tokens", "1024", "--max-updates", "30", "--warmup", "10", "--lr", "1e-3", "--save-interval-updates",
-              "10", "--log-interval", "10", "--precision", "fp32", "--quiet"],
+              "--max-tokens", "1024", "--max-updates", "30", "--warmup", "10", "--lr", "1e-3",
+              "--save-interval-updates", "10", "--log-interval", "10", "--precision", "fp32", "--quiet"],
              ["average", str(tmp_path / "ft"), "--last", "2", "-o", str(tmp_path / "avg.pt")],
              ["export", "transformers", "-m", str(tmp_path / "avg.pt"), "-o", str(tmp_path / "back")]]
     for args in steps:
@@ -200,3 +207,33 @@ def test_imported_checkpoint_records_what_it_needs(folders, tmp_path):
     assert result.exit_code == 0, result.output
     _, hf_text = transformers_generate(folders["marian-tied"], ["A man rides a bike."], 1, 50, LANGUAGE_TOKENS[1])
     assert result.stdout.strip() == hf_text[0]
+
+
+def test_finetune_recipe_at_smoke_size(folders, tmp_path, warm_nmt):
+    """`make finetune-transformers` on a built OPUS-MT-shaped folder and 500 Multi30k pairs: import, prepare
+    --from-model, train, average, translate and score before and after."""
+    import os
+    import subprocess
+
+    from .conftest import REPO
+
+    data = tmp_path / "corpus"
+    data.mkdir()
+    for split, name, n in (("train", "train", 500), ("val", "val", 40), ("test_2016_flickr", "test", 30)):
+        for lang in ("en", "de"):
+            (data / f"{name}.{lang}").write_text(
+                "\n".join(multi30k_lines(shared_data("multi30k"), split, lang, n)) + "\n", encoding="utf-8")
+    exp = tmp_path / "ft"
+    result = subprocess.run(
+        ["make", "-o", ".venv/.installed", "finetune-transformers", f"MODEL_DIR={folders['marian-tied']}",
+         f"DATA={data}", f"FT_TEST={data}/test", f"TARGET_TOKEN={LANGUAGE_TOKENS[0]}", f"FT_EXP={exp}",
+         "FT_UPDATES=12", "FT_SAVE_EVERY=4", "FT_AVERAGE=2", "FT_MAX_TOKENS=1024", "FT_LR=1e-3", "FT_WARMUP=4",
+         "FT_FLAGS=--precision fp32 --quiet", f"NMT={warm_nmt}"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")})
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    scores = (exp / "scores.txt").read_text(encoding="utf-8")
+    assert scores.count("nrefs:1") == 4 and "before fine-tuning" in scores and "after fine-tuning" in scores
+    for when in ("before", "after"):
+        assert len((exp / f"test.{when}.hyp").read_text(encoding="utf-8").splitlines()) == 30
+    assert load_checkpoint(exp / "model.pt")["target_token"] == LANGUAGE_TOKENS[0]

@@ -58,7 +58,7 @@ def check_torch_version(version: str | None = None) -> None:
 
 # `nmt --help` lists the commands in the order a run uses them; any command not named here comes last.
 PIPELINE_ORDER = ("prepare", "learn-bpe", "apply-bpe", "binarize", "train", "plot", "average", "translate",
-                  "score", "attention", "export", "serve", "ctranslate2", "transformers")
+                  "score", "attention", "export", "import", "serve", "ctranslate2", "transformers")
 
 
 def command_path(ctx) -> str:

@@ -1,2 +1,2 @@
-"""Other engines' formats: CTranslate2 and Transformers exports, and the choice of engine for a model path. Imports
-the root modules, text, model and decode."""
+"""Other projects' formats: CTranslate2 and Transformers exports, Transformers imports, and the choice of engine
+for a model path. Imports the root modules, text, model and decode."""
