@@ -6,8 +6,9 @@ own `generate`, and CTranslate2 int8 after `nmt export ctranslate2`.
 The model is built with Transformers (MarianMTModel: 6 + 6 layers, d_model 512, FFN 2048, 8 heads, swish, a
 vocabulary of 58,101 like opus-mt-en-de's; random weights, scaled as tests/hf_models.py scales them so outputs
 depend on the input), with SentencePiece models learned on Multi30k. Every runtime translates the same first N
-lines of test_2016_flickr (English) with beam 4, no length penalty, batches of 32, at most 64 output tokens,
-one after the other in one process; sentences/s and output tokens/s over the whole set.
+lines of test_2016_flickr (English) with beam 4, no length penalty, batches of 32, at most 64 output tokens
+(Transformers under nmt's two search rules, tests/hf_models.nmt_rules, so that outputs compare), one after the
+other in one process; sentences/s and output tokens/s over the whole set, and how many outputs equal nmt fp32's.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ def build(folder: Path, data: Path) -> Path:
 
     torch.manual_seed(0)
     folder.mkdir(parents=True)
-    src = learn_sentencepiece(multi30k_lines(data, "train", "en", 20_000), 8000)
-    tgt = learn_sentencepiece(multi30k_lines(data, "train", "de", 20_000), 8000)
+    src = learn_sentencepiece(multi30k_lines(data, "train", "en", 20_000), 5000)
+    tgt = learn_sentencepiece(multi30k_lines(data, "train", "de", 20_000), 5000)
     (folder / "source.spm").write_bytes(src)
     (folder / "target.spm").write_bytes(tgt)
     pieces = list(dict.fromkeys(spm_pieces(src) + spm_pieces(tgt)))
@@ -75,6 +76,7 @@ def main() -> list[list]:
     from nmt_cli.decode.translate import Translator
     from nmt_cli.export.ct2 import CTranslate2Translator, export_ctranslate2
     from nmt_cli.export.hf_import import import_transformers
+    from tests.hf_models import nmt_rules
 
     data = require_multi30k()
     sources = flickr_test_sources()[: args.lines]
@@ -87,13 +89,15 @@ def main() -> list[list]:
         tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
         hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
 
+        rules = nmt_rules([hf.config.pad_token_id], hf.config.eos_token_id, LIMIT)  # nmt's search, so outputs compare
+
         def generate(lines: list[str]) -> list[str]:
             out = []
             for i in range(0, len(lines), BATCH):
                 batch = tokenizer(lines[i : i + BATCH], return_tensors="pt", padding=True)
                 with torch.inference_mode():
                     ids = hf.generate(**batch, num_beams=4, do_sample=False, length_penalty=0.0,
-                                      early_stopping=True, max_new_tokens=LIMIT + 1)
+                                      early_stopping=True, max_new_tokens=LIMIT + 1, logits_processor=rules)
                 out += tokenizer.batch_decode(ids, skip_special_tokens=True)
             return out
 

@@ -279,7 +279,8 @@ def export_kind(folder: Path) -> str | None:
 def prepared_names(meta: dict) -> set[str]:
     """The names of the entries `nmt prepare` and `nmt binarize` write into a data dir described by `meta`."""
     langs = (meta.get("source_lang"), meta.get("target_lang"))
-    names = {"meta.json", "vocab.txt", "bpe.codes", "spm.model"}
+    names = {"meta.json", "vocab.txt", "bpe.codes", "spm.model", "target-vocab.txt", "target-spm.model",
+             "train.corpus.npy"}
     splits = meta.get("splits")
     for split in splits if isinstance(splits, dict) else {}:
         names |= {f"{split}.{lang}.{kind}" for lang in langs for kind in ("bin", "idx")}

@@ -18,6 +18,10 @@ WMT14_DATA         ?=
 TEST_DATA          ?= $(wildcard ../shared/data/wmt14)
 WMT14_EXP          ?= exp/wmt14
 WMT14_BPE          ?= 35000
+# The training corpora, kept apart in the data dir (per-corpus filter counts), and their weights in that order:
+# the paper's, every pair once per epoch (empty: 1 each). WMT14_WEIGHTS="1 2 1" would see Common Crawl twice.
+WMT14_CORPORA      ?= europarl commoncrawl news-commentary
+WMT14_WEIGHTS      ?=
 GPUS               ?= 8
 NNODES             ?= 1
 NODE_RANK          ?= 0
@@ -66,7 +70,8 @@ $(WMT14_RAW)/.done: | install
 
 ifeq ($(NODE_RANK),0)
 $(WMT14_EXP)/data/meta.json: $(WMT14_RAW)/.done
-	$(NMT) prepare -s en -t de --train $(WMT14_RAW)/train --valid $(WMT14_RAW)/valid --test $(WMT14_RAW)/test \
+	$(NMT) prepare -s en -t de $(foreach c,$(WMT14_CORPORA),--train $(WMT14_RAW)/train-$(c)) \
+	  $(foreach w,$(WMT14_WEIGHTS),--train-weight $(w)) --valid $(WMT14_RAW)/valid --test $(WMT14_RAW)/test \
 	  --normalize-punctuation --bpe-merges $(WMT14_BPE) --max-len 250 --max-ratio 1.5 --out $(WMT14_EXP)/data --force
 else
 # nmt prepare publishes the data folder with one rename, so meta.json there means node 0 finished it. This

@@ -4,9 +4,10 @@
 
 Training text is Europarl v7, Common Crawl and News Commentary v9 (about 4.5M pairs), read straight from the
 five statmt.org archives (from --archives, or downloaded into RAW/orig); valid is newstest2013, test the
-full newstest2014 (3003 segments, SGML in test-full.tgz), or both from --test-data as plain text. Writes
-RAW/{train,valid,test}.{en,de} and RAW/.done last; every file goes to a temporary name first. Bad input
-(a missing archive or member, a test set of the wrong size) is one line on stderr and exit code 2.
+full newstest2014 (3003 segments, SGML in test-full.tgz), or both from --test-data as plain text. Writes each
+corpus apart (RAW/train-{europarl,commoncrawl,news-commentary}.{en,de}), RAW/{valid,test}.{en,de} and RAW/.done
+last; every file goes to a temporary name first. Bad input (a missing archive or member, a test set of the wrong
+size) is one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ TRAIN_MEMBERS = {
     "training-parallel-europarl-v7.tgz": "training/europarl-v7.de-en",
     "training-parallel-commoncrawl.tgz": "commoncrawl.de-en",
     "training-parallel-nc-v9.tgz": "training/news-commentary-v9.de-en",
+}
+# archive -> the corpus's prefix under RAW: kept apart, so that `nmt prepare` counts and weighs each
+TRAIN_CORPORA = {
+    "training-parallel-europarl-v7.tgz": "train-europarl",
+    "training-parallel-commoncrawl.tgz": "train-commoncrawl",
+    "training-parallel-nc-v9.tgz": "train-news-commentary",
 }
 VALID_MEMBER = ("dev.tgz", "dev/newstest2013")
 TEST_MEMBERS = {"en": "test-full/newstest2014-deen-src.en.sgm", "de": "test-full/newstest2014-deen-ref.de.sgm"}
@@ -112,24 +119,17 @@ def _write(path: Path, chunks) -> int:
 
 
 def write_train(found: dict[str, Path], out: Path) -> None:
-    """out/train.{en,de}: the three corpora concatenated, each checked for equal line counts per side."""
+    """out/train-{europarl,commoncrawl,news-commentary}.{en,de}: each corpus apart, checked for equal line
+    counts per side."""
     opened = {name: _members(found[name], [f"{prefix}.{lang}" for lang in LANGS])
               for name, prefix in TRAIN_MEMBERS.items()}
     try:
-        counts = {}
-        for lang in LANGS:
-            def lines(lang=lang):
-                for name, prefix in TRAIN_MEMBERS.items():
-                    n = 0
-                    for line in _open_member(opened[name], found[name], f"{prefix}.{lang}"):
-                        n += 1
-                        yield line
-                    counts[(name, lang)] = n
-            _write(out / f"train.{lang}", lines())
         for name, prefix in TRAIN_MEMBERS.items():
-            if counts[(name, "en")] != counts[(name, "de")]:
-                raise DataError(f"{found[name]}: {prefix}.en has {counts[(name, 'en')]} lines but {prefix}.de has "
-                                f"{counts[(name, 'de')]}")
+            counts = {lang: _write(out / f"{TRAIN_CORPORA[name]}.{lang}",
+                                   _open_member(opened[name], found[name], f"{prefix}.{lang}")) for lang in LANGS}
+            if counts["en"] != counts["de"]:
+                raise DataError(f"{found[name]}: {prefix}.en has {counts['en']} lines but {prefix}.de has "
+                                f"{counts['de']}")
     finally:
         for archive in opened.values():
             archive.close()

@@ -106,6 +106,8 @@ def test_wmt14_recipe_rehearsal(wmt14_archives, tmp_path_factory, warm_nmt):
     meta = json.loads((exp / "data" / "meta.json").read_text())
     assert meta["tokenizer"]["normalize_punctuation"] is True
     assert meta["splits"]["train"]["filtered"]["input_sentences"] == 3000
+    assert [c["name"] for c in meta["corpora"]] == ["train-europarl", "train-commoncrawl", "train-news-commentary"]
+    assert sum(c["input_sentences"] for c in meta["corpora"]) == 3000 and {c["weight"] for c in meta["corpora"]} == {1}
     hyps = (exp / model / "newstest2014.hyp").read_text(encoding="utf-8").splitlines()
     assert len(hyps) == WMT14_TEST_LINES
     log = [json.loads(x) for x in (exp / model / "train.jsonl").read_text().splitlines()]
@@ -270,7 +272,8 @@ def test_wmt14_data_step_bad_input(tmp_path):
     ok = _data_step(out, "--archives", str(good), "--test-lines", "30")
     assert ok.returncode == 0, ok.stderr
     assert (out / ".done").exists()
-    assert len((out / "train.de").read_text(encoding="utf-8").splitlines()) == 3000
+    assert sum(len((out / f"train-{c}.de").read_text(encoding="utf-8").splitlines())
+               for c in ("europarl", "commoncrawl", "news-commentary")) == 3000
 
 
 def test_wmt14_dry_run_has_paper_settings():

@@ -18,9 +18,14 @@ from .flags import RemoveCopiesFlag, RemoveDuplicatesFlag, SpmType, Tokenizer
 
 @handle_errors
 def prepare_cmd(
-    train: Annotated[str, typer.Option(help="Training PREFIX: PREFIX.SRC and PREFIX.TGT, plain or .gz.")],
+    train: Annotated[list[str], typer.Option(
+        help="Training PREFIX: PREFIX.SRC and PREFIX.TGT, plain or .gz; repeat for several corpora (see "
+             "--train-weight).")],
     valid: Annotated[str, typer.Option(help="Validation PREFIX.")],
     out: Annotated[Path, typer.Option(help="Output data directory.")],
+    train_weight: Annotated[Optional[list[float]], typer.Option(
+        help="How often nmt train sees each pair of a --train corpus per epoch, one per --train in order "
+             "[default: 1 each]; 2: twice, 0.5: half of them (drawn anew each epoch).", show_default=False)] = None,
     source_lang: Annotated[Optional[str], typer.Option(
         "--source-lang", "-s", help="Source language code (file suffix); with --from-model, the model's.")] = None,
     target_lang: Annotated[Optional[str], typer.Option(
@@ -58,7 +63,7 @@ def prepare_cmd(
 ) -> None:
     """Moses-tokenize and learn joint BPE (or learn SentencePiece), apply it, build a shared vocabulary and
     binarize: raw text in, data dir out."""
-    from nmt_cli.data.prepare import PrepareOptions, prepare, summary_line
+    from nmt_cli.data.prepare import PrepareOptions, corpora_table, prepare, summary_line
 
     if from_model is None and (not source_lang or not target_lang):
         raise NmtError("--source-lang/-s and --target-lang/-t are required (unless --from-model gives them)")
@@ -67,9 +72,13 @@ def prepare_cmd(
                                   vocab_threshold, force, quiet, normalize_punctuation, from_model,
                                   tokenizer.value if tokenizer else "moses", vocab_size, spm_type.value, spm_sample,
                                   tokenizer_given=tokenizer is not None, tags=tuple(tag or ()),
-                                  remove_duplicates=remove_duplicates, remove_copies=remove_copies))
+                                  remove_duplicates=remove_duplicates, remove_copies=remove_copies,
+                                  train_weights=tuple(train_weight or ())))
     if not quiet:
         err.print(summary_line(meta, out), highlight=False)
+        table = corpora_table(meta)
+        if table is not None:
+            err.print(table)
 
 
 @handle_errors

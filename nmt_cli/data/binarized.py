@@ -20,6 +20,9 @@ T = TypeVar("T")
 U = TypeVar("U")
 
 
+CORPUS_FILE = "train.corpus.npy"  # per training pair, the index of its corpus (data prepared from several)
+
+
 def token_dtype(vocab_size: int) -> np.dtype:
     """uint16 where the vocabulary fits, else int32."""
     return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.int32)
@@ -145,6 +148,22 @@ class DataDir:
                    Vocabulary.load(target_vocab) if target_vocab.exists() else None,
                    target_spm.read_bytes() if target_spm.exists() else None)
 
+    def corpus_weights(self) -> tuple[np.ndarray, list[float]] | None:
+        """The training pairs' corpus indices and each corpus's weight, for data prepared from several corpora
+        of which one is weighted otherwise than 1; None where every pair counts once per epoch."""
+        corpora = self.meta.get("corpora") or []
+        weights = [float(c.get("weight", 1.0)) for c in corpora]
+        if len(corpora) < 2 or all(w == 1.0 for w in weights):
+            return None
+        path = self.path / CORPUS_FILE
+        if not path.exists():
+            raise NmtError(f"{path}: missing: meta.json weighs {len(corpora)} corpora (re-run nmt prepare)")
+        ids = np.load(path)
+        if len(ids) != len(self.split("train")):
+            raise NmtError(f"{path}: {len(ids):,} pairs, but train holds {len(self.split('train')):,} (re-run nmt "
+                           "prepare)")
+        return ids, weights
+
     def segmenter(self):
         """The tokenizer that made this data (raw text <-> pieces)."""
         from nmt_cli.text.segment import segmenter_from
@@ -202,6 +221,23 @@ def make_batches(src_sizes: np.ndarray, tgt_sizes: np.ndarray, max_tokens: int, 
         longest = longest_with
     batches.append(order[start:])
     return batches
+
+
+def epoch_sample(corpus_ids: np.ndarray, weights: list[float], seed: int, epoch: int) -> np.ndarray:
+    """The training pairs of one epoch when corpora are weighted: each pair of a corpus of weight w, floor(w)
+    times, and once more with probability w - floor(w), drawn from (seed, epoch). A corpus's share of an
+    epoch's target tokens is so, in expectation, its weight times its tokens over the sum of those."""
+    w = np.asarray(weights, dtype=np.float64)[corpus_ids]
+    copies = np.floor(w).astype(np.int64)
+    copies += np.random.default_rng([seed, epoch, 7]).random(len(w)) < (w - copies)
+    return np.repeat(np.arange(len(w)), copies)
+
+
+def weighted_batches(src_sizes: np.ndarray, tgt_sizes: np.ndarray, corpus_ids: np.ndarray, weights: list[float],
+                     max_tokens: int, seed: int, epoch: int) -> list[np.ndarray]:
+    """`make_batches` over one epoch's `epoch_sample`: batches of pair indices (a pair may recur)."""
+    sample = epoch_sample(corpus_ids, weights, seed, epoch)
+    return [sample[b] for b in make_batches(src_sizes[sample], tgt_sizes[sample], max_tokens, seed)]
 
 
 def shuffled(batches: list[np.ndarray], seed: int, epoch: int) -> list[np.ndarray]:

@@ -53,7 +53,7 @@ from nmt_cli.textio import (
     staging_directory,
 )
 
-from .binarized import BinarizedWriter, token_dtype
+from .binarized import CORPUS_FILE, BinarizedWriter, token_dtype
 from .workers import ordered_map
 
 CHUNK = 2000  # lines per work unit; fixed so that output never depends on the worker count
@@ -69,7 +69,7 @@ class PrepareOptions:
 
     source_lang: str
     target_lang: str
-    train: str
+    train: str | Sequence[str]  # one training PREFIX, or several corpora (`train_weights`)
     valid: str
     out: Path
     test: Sequence[str] = ()
@@ -90,6 +90,30 @@ class PrepareOptions:
     tags: Sequence[str] = ()  # words that may begin a line, kept as one symbol (a back-translation tag: <BT>)
     remove_duplicates: bool = True  # training pairs seen before (both sides equal after segmentation)
     remove_copies: bool = True  # training pairs whose source equals their target (untranslated)
+    # Per training corpus, in --train's order: how often `nmt train` sees each of its pairs per epoch (1 each)
+    train_weights: Sequence[float] = ()
+
+    @property
+    def train_prefixes(self) -> list[str]:
+        """The training corpora's PREFIXes, in order."""
+        return [self.train] if isinstance(self.train, str) else list(self.train)
+
+    def corpora(self) -> list[dict]:
+        """Each training corpus's name (its PREFIX's file name, numbered where two share one), PREFIX and
+        weight; one line for weights that do not match the corpora."""
+        prefixes = self.train_prefixes
+        weights = list(self.train_weights) or [1.0] * len(prefixes)
+        if len(weights) != len(prefixes):
+            raise NmtError(f"--train-weight given {len(weights)} times for {len(prefixes)} --train corpora: give one "
+                           "per --train, in the same order")
+        bad = [w for w in weights if not (w > 0 and w < float("inf"))]
+        if bad:
+            raise NmtError(f"--train-weight {bad[0]}: a weight is a positive number (1: each pair once per epoch)")
+        names: list[str] = []
+        for prefix in prefixes:
+            base = Path(prefix).name or "train"
+            names.append(base if base not in names else f"{base}#{len(names) + 1}")
+        return [{"name": n, "prefix": str(p), "weight": float(w)} for n, p, w in zip(names, prefixes, weights)]
 
     def ratio_limit(self) -> float | None:
         """The length-ratio filter in effect: --max-ratio, or by default 1.5, except between a CJK language and
@@ -359,7 +383,7 @@ def _check_options(opts: PrepareOptions) -> Path:
     check_tags(opts.tags)
     out = Path(opts.out)
     if opts.force and out.is_dir():
-        inputs = [Path(f"{prefix}.{lang}{gz}") for prefix in (opts.train, opts.valid, *opts.test)
+        inputs = [Path(f"{prefix}.{lang}{gz}") for prefix in (*opts.train_prefixes, opts.valid, *opts.test)
                   for lang in (opts.source_lang, opts.target_lang) for gz in ("", ".gz")]
         inside = [p for p in [*inputs, *([opts.from_model] if opts.from_model else [])]
                   if p.exists() and out.resolve() in p.resolve().parents]
@@ -369,8 +393,21 @@ def _check_options(opts: PrepareOptions) -> Path:
     return out
 
 
+def is_training(name: str) -> bool:
+    """Whether an input of `_split_inputs` is a training corpus: "train", or "train.K" for the K-th further one."""
+    return name == "train" or name.startswith("train.")
+
+
+def corpus_number(name: str) -> int:
+    """The index of a training input among the corpora ("train": 0, "train.K": K)."""
+    return 0 if name == "train" else int(name.split(".", 1)[1])
+
+
 def _split_inputs(opts: PrepareOptions) -> dict[str, tuple[Path, Path]]:
-    splits = {"train": opts.train, "valid": opts.valid}
+    prefixes = opts.train_prefixes
+    opts.corpora()  # weights checked before any work
+    splits = {"train": prefixes[0], **{f"train.{k}": p for k, p in enumerate(prefixes[1:], start=1)},
+              "valid": opts.valid}
     for i, prefix in enumerate(opts.test):
         splits["test" if i == 0 else f"test{i}"] = prefix
     return {name: (resolve_side(p, opts.source_lang), resolve_side(p, opts.target_lang)) for name, p in splits.items()}
@@ -400,7 +437,8 @@ def prepare(opts: PrepareOptions, on_stage: Callable[[dict], None] | None = None
             codes, spm_model, vocab = model or (None, None, None)
             if model is None and sentencepiece:
                 stages.begin("learn SentencePiece", None, unit="pieces")
-                spm_model = train_sentencepiece(tokenized["train"], opts.vocab_size, opts.spm_type, opts.spm_sample,
+                files = [path for name, pair in tokenized.items() if is_training(name) for path in pair]
+                spm_model = train_sentencepiece(files, opts.vocab_size, opts.spm_type, opts.spm_sample,
                                                 opts.workers, tags=opts.tags)
                 vocab = Vocabulary(SentencePiece(spm_model).symbols())
                 stages.end(len(vocab))
@@ -520,7 +558,7 @@ def _tokenize(inputs: dict[str, tuple[Path, Path]], work: Path, staging: Path, o
     stages.begin(f"normalize+{first}" if opts.normalize else first, None)
     done = 0
     for name, paths in inputs.items():
-        is_train = name == "train"
+        is_train = is_training(name)
         tokenized[name] = (work / f"{name}.tok.{src_lang}", work / f"{name}.tok.{tgt_lang}")
         writers = [_Writer(p) for p in tokenized[name]]
         if not is_train:
@@ -566,6 +604,8 @@ def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, c
     """Stages 3-5: apply BPE or the `sentencepiece` model (or take the text as segmented when both are None),
     filter training pairs, build the vocabulary from the kept training pieces (unless `vocab` is given),
     binarize every split. Returns meta.json's contents."""
+    import numpy as np
+
     src_lang, tgt_lang = opts.source_lang, opts.target_lang
     work = staging / ".work"
     work.mkdir(exist_ok=True)
@@ -580,19 +620,26 @@ def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, c
     seen = PairSet() if opts.remove_duplicates else None
     input_sentences = 0
     segmented, sentences = {}, {}
+    corpora = opts.corpora() if "train" in inputs else []
+    per_corpus = [{"input_sentences": 0, "kept": 0, "dropped": dict.fromkeys(DROP_REASONS, 0)} for _ in corpora]
+    corpus_of_pair: list = []  # per kept training pair, its corpus (several corpora only)
     stages.begin("apply SentencePiece" if sentencepiece else "apply BPE" if codes is not None else "filter", None)
     done = 0
+    writers_of: dict[str, list] = {}
     for name, paths in inputs.items():
-        is_train = name == "train"
+        is_train = is_training(name)
+        out_name = "train" if is_train else name  # every training corpus goes into one train split
         target = work if is_train else staging
-        segmented[name] = (target / f"{name}.bpe.{src_lang}", target / f"{name}.bpe.{tgt_lang}")
-        writers = [_Writer(p) for p in segmented[name]]
+        if out_name not in writers_of:
+            segmented[out_name] = (target / f"{out_name}.bpe.{src_lang}", target / f"{out_name}.bpe.{tgt_lang}")
+            writers_of[out_name] = [_Writer(p) for p in segmented[out_name]]
+            sentences[out_name] = 0
+        writers = list(writers_of[out_name])
         # nmt binarize: raw valid/test text comes from the BPE text
         derive_raw = codes is None and sentencepiece is None and not is_train
         if derive_raw:
             writers += [_Writer(staging / f"{name}.raw.{lang}") for lang in (src_lang, tgt_lang)]
         jobs = ((s, t, is_train) for s, t in pair_chunks(*paths))
-        sentences[name] = 0
         for src, tgt, chunk_dropped, chunk_pieces in ordered_map(_segment_job, jobs, opts.workers, _init_worker,
                                                                  (state,)):
             if chunk_dropped is not None and seen is not None:
@@ -604,13 +651,22 @@ def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, c
             for writer, lines in zip(writers, (src, tgt, *raws)):
                 writer.write(lines)
             if chunk_dropped is not None:
+                record = per_corpus[corpus_number(name)]
+                record["input_sentences"] += len(src) + sum(chunk_dropped.values())
+                record["kept"] += len(src)
                 input_sentences += len(src) + sum(chunk_dropped.values())
                 for reason, n in chunk_dropped.items():
                     dropped[reason] += n
+                    record["dropped"][reason] += n
                 pieces.update(chunk_pieces)
-            sentences[name] += len(src)
+                if len(corpora) > 1:
+                    corpus_of_pair.append(np.full(len(src), corpus_number(name), dtype=np.uint16))
+            sentences[out_name] += len(src)
             done += 2 * len(src)
             stages.advance(2 * len(src))
+        for writer in writers[2:]:
+            writer.close()
+    for writers in writers_of.values():
         for writer in writers:
             writer.close()
     stages.end(done)
@@ -670,6 +726,8 @@ def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, c
     stages.end(done)
     split_meta["train"]["filtered"] = {"input_sentences": input_sentences, "kept": kept, "dropped": dropped,
                                        "max_len": opts.max_len, "max_ratio": max_ratio}
+    if len(corpora) > 1:  # which corpus each training pair came from, for `nmt train`'s weighted epochs
+        np.save(staging / CORPUS_FILE, np.concatenate(corpus_of_pair))
     return {
         "format": 1,
         "source_lang": src_lang,
@@ -683,6 +741,7 @@ def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, c
         "token_dtype": token_dtype(largest).name,
         "max_positions": MAX_POSITIONS,
         "splits": split_meta,
+        **({"corpora": [{**c, **r} for c, r in zip(corpora, per_corpus)]} if corpora else {}),
         "inputs": {name: {str(p): file_sha256(p) for p in paths} for name, paths in originals.items()},
         "versions": package_versions(),
     }
@@ -704,6 +763,26 @@ def summary_line(meta: dict, out: Path) -> str:
             + f"{dropped['ratio']:,} over --max-ratio, {dropped.get('copy', 0):,} copies, "
             + f"{dropped.get('duplicate', 0):,} duplicates"
             + "".join(f"; {k} pairs over the model's positions: {n:,}" for k, n in too_long.items()))
+
+
+def corpora_table(meta: dict):
+    """What each training corpus gave (pairs read, kept, dropped by each filter) and its weight, as a rich
+    table; None for data from one corpus."""
+    from rich.table import Table
+
+    corpora = meta.get("corpora") or []
+    if len(corpora) < 2:
+        return None
+    table = Table(title="training corpora")
+    columns = ["corpus", "weight", "pairs read", "kept", "empty", "over --max-len", "over --max-ratio", "copies",
+               "duplicates"]
+    for i, column in enumerate(columns):
+        table.add_column(column, justify="left" if i == 0 else "right")
+    for c in corpora:
+        d = c["dropped"]
+        table.add_row(c["name"], f"{c['weight']:g}", f"{c['input_sentences']:,}", f"{c['kept']:,}",
+                      *(f"{d.get(k, 0):,}" for k in ("empty", "too_long", "ratio", "copy", "duplicate")))
+    return table
 
 
 def learn_codes_from_files(inputs: list[Path], output: Path, merges: int, min_frequency: int = 2) -> None:

@@ -15,13 +15,14 @@ from contextlib import closing, nullcontext, suppress
 from dataclasses import asdict, fields, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from nmt_cli import __version__
-from nmt_cli.data.binarized import Batch, DataDir, collate, make_batches, prefetch, shuffled
+from nmt_cli.data.binarized import Batch, DataDir, collate, make_batches, prefetch, shuffled, weighted_batches
 from nmt_cli.errors import NmtError
 from nmt_cli.hardware import resolve_device
 from nmt_cli.model.checkpoint import (
@@ -409,6 +410,7 @@ class Trainer:
                                     opts.seed)
         self.valid_batches = make_batches(self.valid_corpus.src.sizes, self.valid_corpus.tgt.sizes, opts.max_tokens,
                                           opts.seed)
+        self.weighting = data.corpus_weights()  # several corpora, weighted: each epoch draws its own pairs
         if len(self.batches) < ctx.world_size:
             raise NmtError(f"{data.path}: {len(self.batches)} training batches cannot feed {ctx.world_size} processes")
         self.loss_module = TranslationLoss(model, opts.label_smoothing)
@@ -601,10 +603,32 @@ class Trainer:
                 else:
                     plain_line(shown)
 
+    def epoch_batches(self, epoch: int) -> list:
+        """The batches of an epoch, unshuffled: the same every epoch, unless corpora are weighted
+        (`binarized.weighted_batches`); then each corpus's share of the epoch's target tokens is logged."""
+        if self.weighting is None:
+            return self.batches
+        ids, weights = self.weighting
+        corpus = self.train_corpus
+        batches = weighted_batches(corpus.src.sizes, corpus.tgt.sizes, ids, weights, self.opts.max_tokens,
+                                   self.opts.seed, epoch)
+        if self.ctx.is_main and self.state.batch_pos == 0:
+            sample = np.concatenate(batches)
+            tokens = np.bincount(ids[sample], weights=corpus.tgt.sizes[sample] + 1, minlength=len(weights))
+            names = [c["name"] for c in self.data.meta["corpora"]]
+            shares = {n: round(float(t / tokens.sum()), 4) for n, t in zip(names, tokens)}
+            self.log.write({"event": "corpora", "epoch": epoch, "target_token_shares": shares,
+                            "weights": dict(zip(names, weights))})
+            if not self.opts.quiet:
+                plain_line(f"epoch {epoch}: target tokens by corpus "
+                           + ", ".join(f"{n} {100 * v:.1f}% (weight {w:g})" for (n, v), w in zip(shares.items(),
+                                                                                                   weights)))
+        return batches
+
     def run_epoch(self) -> str | None:
         """The rest of the current epoch (or until a stop); returns the stop reason, if any."""
         opts, ctx, state = self.opts, self.ctx, self.state
-        epoch_batches = shuffled(self.batches, opts.seed, state.epoch)
+        epoch_batches = shuffled(self.epoch_batches(state.epoch), opts.seed, state.epoch)
         per_rank = len(epoch_batches) // ctx.world_size
         mine = epoch_batches[ctx.rank :: ctx.world_size][:per_rank]
         groups = [mine[i : i + opts.update_freq] for i in range(state.batch_pos, len(mine), opts.update_freq)]
