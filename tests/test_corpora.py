@@ -133,3 +133,38 @@ def test_weights_that_do_not_match_the_corpora_get_one_line(corpora, tmp_path):
         assert result.exit_code == 2 and expect in result.output and len(result.output.strip().splitlines()) == 1, (
             result.output)
         assert not (tmp_path / "data").exists()
+
+
+def test_language_identification_drops_pairs_in_other_languages(tmp_path):
+    """--langid 0.5 on 200 real Multi30k en-de pairs (long captions: language identification is reliable there)
+    into which 10 French targets and 5 Czech sources were mixed: exactly those 15 are dropped, counted as
+    `language`; without --langid they stay. A threshold outside [0, 1] is one line."""
+    import gzip
+
+    from .conftest import require_extra, shared_data
+
+    require_extra("py3langid")
+
+    data = shared_data("multi30k")
+
+    def lines(lang: str) -> list[str]:
+        with gzip.open(data / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
+            return [next(f).rstrip("\n") for _ in range(3000)]
+
+    en, de, fr, cs = lines("en"), lines("de"), lines("fr"), lines("cs")
+    long = [i for i in range(3000) if len(en[i].split()) >= 12 and len(de[i].split()) >= 10][:215]
+    pairs = [(en[i], de[i]) for i in long[:200]]
+    pairs += [(en[i], fr[i]) for i in long[200:210]] + [(cs[i], de[i]) for i in long[210:215]]
+    _write(tmp_path / "mixed", pairs)
+    write_task(tmp_path / "valid", 20, seed=3)
+    opts = dict(bpe_merges=200, workers=1, quiet=True, max_ratio=3.0)
+    with_langid = prepare(PrepareOptions("en", "de", str(tmp_path / "mixed"), str(tmp_path / "valid"),
+                                         tmp_path / "with", langid=0.5, **opts))
+    without = prepare(PrepareOptions("en", "de", str(tmp_path / "mixed"), str(tmp_path / "valid"), tmp_path / "without",
+                                     **opts))
+    assert with_langid["splits"]["train"]["filtered"]["dropped"]["language"] == 15
+    assert with_langid["splits"]["train"]["filtered"]["kept"] == 200
+    assert without["splits"]["train"]["filtered"]["kept"] == 215
+    result = runner.invoke(app, ["prepare", "-s", "en", "-t", "de", "--train", str(tmp_path / "mixed"), "--valid",
+                                 str(tmp_path / "valid"), "--out", str(tmp_path / "bad"), "--langid", "2"])
+    assert result.exit_code == 2 and "--langid 2.0: a probability between 0 and 1" in result.output

@@ -102,8 +102,13 @@ def test_two_processes_equal_one_with_update_freq_2(toy_data, tmp_path):
     their moving average (--ema) alike; with --comm-precision bf16 the gradients cross in bf16: the same losses
     to bf16's rounding, other weights."""
     single = tmp_path / "single"
-    train(_opts(toy_data, single, max_updates=4, dropout=0.0, update_freq=2, max_tokens=256,
-                save_interval_updates=2, cooldown=0.5, log_interval=1, ema=0.9))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each torchrun process below: the same summation order within a product
+    try:
+        train(_opts(toy_data, single, max_updates=4, dropout=0.0, update_freq=2, max_tokens=256,
+                    save_interval_updates=2, cooldown=0.5, log_interval=1, ema=0.9))
+    finally:
+        torch.set_num_threads(threads)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
     def torchrun(save: Path, *flags: str) -> dict[str, torch.Tensor]:

@@ -24,7 +24,7 @@ def prepare_cmd(
     valid: Annotated[str, typer.Option(help="Validation PREFIX.")],
     out: Annotated[Path, typer.Option(help="Output data directory.")],
     train_weight: Annotated[Optional[list[float]], typer.Option(
-        help="How often nmt train sees each pair of a --train corpus per epoch, one per --train in order "
+        help="How often each pair of a corpus is seen per epoch of training, one weight per --train in order "
              "[default: 1 each]; 2: twice, 0.5: half of them (drawn anew each epoch).", show_default=False)] = None,
     source_lang: Annotated[Optional[str], typer.Option(
         "--source-lang", "-s", help="Source language code (file suffix); with --from-model, the model's.")] = None,
@@ -56,6 +56,9 @@ def prepare_cmd(
         help="A word that may begin a line and stays one vocabulary symbol, untokenized (repeatable): a tag "
              "such as <BT> on back-translated sources; stored with the model.")] = None,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+    langid: Annotated[Optional[float], typer.Option(
+        help="Drop training pairs whose sides are not identified as -s and -t with at least this probability "
+             "(py3langid, offline; pip install py3langid) [default: off]", show_default=False)] = None,
     remove_duplicates: RemoveDuplicatesFlag = True,
     remove_copies: RemoveCopiesFlag = True,
     config: ConfigFlag = None,
@@ -73,7 +76,7 @@ def prepare_cmd(
                                   tokenizer.value if tokenizer else "moses", vocab_size, spm_type.value, spm_sample,
                                   tokenizer_given=tokenizer is not None, tags=tuple(tag or ()),
                                   remove_duplicates=remove_duplicates, remove_copies=remove_copies,
-                                  train_weights=tuple(train_weight or ())))
+                                  train_weights=tuple(train_weight or ()), langid=langid))
     if not quiet:
         err.print(summary_line(meta, out), highlight=False)
         table = corpora_table(meta)

@@ -92,6 +92,9 @@ class PrepareOptions:
     remove_copies: bool = True  # training pairs whose source equals their target (untranslated)
     # Per training corpus, in --train's order: how often `nmt train` sees each of its pairs per epoch (1 each)
     train_weights: Sequence[float] = ()
+    # Language identification of both sides of each training pair (py3langid): a pair is kept when each side is
+    # identified as its language with at least this probability; None: off
+    langid: float | None = None
 
     @property
     def train_prefixes(self) -> list[str]:
@@ -150,7 +153,40 @@ def pair_chunks(src_path: Path, tgt_path: Path, size: int = CHUNK) -> Iterator[t
         yield src, tgt
 
 
-DROP_REASONS = ("empty", "too_long", "ratio", "copy", "duplicate")
+DROP_REASONS = ("empty", "too_long", "ratio", "copy", "duplicate", "language")
+
+
+LANGID_INSTALL = "--langid needs py3langid (its model ships in the package): pip install py3langid"
+
+
+def language_identifier() -> Callable[[str, str], float]:
+    """`identify(text, lang)`: the probability py3langid gives `lang` (ISO 639-1, as -s/-t) for `text`, with
+    its probabilities normalized over its languages."""
+    try:
+        from py3langid.langid import MODEL_FILE, LanguageIdentifier
+    except ImportError:
+        raise NmtError(LANGID_INSTALL) from None
+    identifier = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+
+    def identify(text: str, lang: str) -> float:
+        return dict(identifier.rank(text)).get(lang, 0.0) if text.strip() else 0.0
+
+    identify.languages = set(identifier.nb_classes)  # type: ignore[attr-defined]
+    return identify
+
+
+def check_langid(opts: PrepareOptions) -> None:
+    """One line, before any work, for a --langid that cannot run: no py3langid, a threshold outside [0, 1], a
+    language it does not know."""
+    if opts.langid is None:
+        return
+    if not 0.0 <= opts.langid <= 1.0:
+        raise NmtError(f"--langid {opts.langid}: a probability between 0 and 1 (0.5: more likely than not)")
+    known = language_identifier().languages  # type: ignore[attr-defined]
+    for lang in (opts.source_lang, opts.target_lang):
+        if lang not in known:
+            raise NmtError(f"--langid: py3langid knows no language {lang!r} (it knows ISO 639-1 codes such as en, "
+                           "de, fr, zh)")
 
 
 def filter_pairs(src: list[str], tgt: list[str], max_len: int, max_ratio: float | None,
@@ -191,6 +227,8 @@ def _init_worker(state: dict) -> None:
         _worker["target_bpe"] = lambda line: target.segment(line, "")
     elif state.get("codes") is not None:
         _worker["bpe"] = _worker["target_bpe"] = text.BpeApplier(state["codes"], keep=state.get("tags", ()))
+    if state.get("langid") is not None:
+        _worker["identify"] = language_identifier()
     if state.get("symbols") is not None:
         _worker["vocab"] = Vocabulary(state["symbols"])
         _worker["target_vocab"] = Vocabulary(state.get("target_symbols") or state["symbols"])
@@ -254,12 +292,19 @@ class PairSet:
 def _segment_job(job: tuple[list[str], list[str], bool]) -> tuple[list[str], list[str], dict | None, Counter | None]:
     """Apply BPE to a chunk of pairs; training chunks are filtered and their pieces counted."""
     src, tgt, is_train = job
+    words = (src, tgt)  # before BPE: what language identification reads
     bpe = _worker.get("bpe")
     if bpe is not None:
         src, tgt = [bpe(line) for line in src], [_worker["target_bpe"](line) for line in tgt]
     if not is_train:
         return src, tgt, None, None
     kept, dropped = filter_pairs(src, tgt, _worker["max_len"], _worker["max_ratio"], _worker["remove_copies"])
+    if _worker.get("identify") is not None:
+        identify, threshold = _worker["identify"], _worker["langid"]
+        langs = (_worker["src_lang"], _worker["tgt_lang"])
+        identified = [i for i in kept if all(identify(side[i], lang) >= threshold for side, lang in zip(words, langs))]
+        dropped["language"] = len(kept) - len(identified)
+        kept = identified
     src, tgt = [src[i] for i in kept], [tgt[i] for i in kept]
     pieces = Counter(p for lines in (src, tgt) for line in lines for p in line.split())
     return src, tgt, dropped, pieces
@@ -374,6 +419,7 @@ def _check_options(opts: PrepareOptions) -> Path:
                        f"few more (got {opts.vocab_size})")
     if opts.spm_sample < 1:
         raise NmtError(f"--spm-sample must be at least 1 (got {opts.spm_sample})")
+    check_langid(opts)
     if opts.vocab_threshold < 1:
         raise NmtError(f"--vocab-threshold must be at least 1 (got {opts.vocab_threshold})")
     if opts.workers < 1:
@@ -612,7 +658,7 @@ def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, c
     max_ratio = opts.ratio_limit()
     made = made or FromModel()
     state = {"codes": codes, "sentencepiece": sentencepiece, "target_sentencepiece": made.target_sentencepiece,
-             "tags": tuple(opts.tags), "max_len": opts.max_len,
+             "tags": tuple(opts.tags), "max_len": opts.max_len, "langid": opts.langid,
              "max_ratio": max_ratio, "remove_copies": opts.remove_copies,
              "src_lang": src_lang, "tgt_lang": tgt_lang}
     pieces: Counter = Counter()
@@ -675,7 +721,8 @@ def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, c
         raise NmtError(f"empty corpus: every training pair was filtered out ({dropped})")
     reasons = {"too_long": f"over --max-len {opts.max_len}", "ratio": f"over --max-ratio {max_ratio}",
                "empty": "with an empty side", "copy": "as copies (source = target; --keep-copies keeps them)",
-               "duplicate": "as duplicates (--keep-duplicates keeps them)"}
+               "duplicate": "as duplicates (--keep-duplicates keeps them)",
+               "language": f"as another language (--langid {opts.langid})"}
     for reason, n in dropped.items():
         if n > LOUD_DROP_SHARE * input_sentences:
             warn(f"{originals['train'][0]}: {n:,} of {input_sentences:,} training pairs "
@@ -762,6 +809,7 @@ def summary_line(meta: dict, out: Path) -> str:
             + f"training pairs dropped: {dropped['empty']:,} empty, {dropped['too_long']:,} over --max-len, "
             + f"{dropped['ratio']:,} over --max-ratio, {dropped.get('copy', 0):,} copies, "
             + f"{dropped.get('duplicate', 0):,} duplicates"
+            + (f", {dropped['language']:,} in another language" if dropped.get("language") else "")
             + "".join(f"; {k} pairs over the model's positions: {n:,}" for k, n in too_long.items()))
 
 
@@ -775,13 +823,13 @@ def corpora_table(meta: dict):
         return None
     table = Table(title="training corpora")
     columns = ["corpus", "weight", "pairs read", "kept", "empty", "over --max-len", "over --max-ratio", "copies",
-               "duplicates"]
+               "duplicates", "other language"]
     for i, column in enumerate(columns):
         table.add_column(column, justify="left" if i == 0 else "right")
     for c in corpora:
         d = c["dropped"]
         table.add_row(c["name"], f"{c['weight']:g}", f"{c['input_sentences']:,}", f"{c['kept']:,}",
-                      *(f"{d.get(k, 0):,}" for k in ("empty", "too_long", "ratio", "copy", "duplicate")))
+                      *(f"{d.get(k, 0):,}" for k in DROP_REASONS))
     return table
 
 
