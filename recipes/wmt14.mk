@@ -14,13 +14,17 @@
 # `nmt train` refuses a save dir some node cannot see). Node 0 alone downloads, prepares, averages, translates
 # and scores; the other nodes wait for its data (WMT14_WAIT_MINUTES), train, and stop after training.
 
+# The pair: en-de (Table 2's first column), or en-fr (`make wmt14-en-fr-base` sets it). Section 5.1: en-de a
+# shared ~37k BPE vocabulary, en-fr 32,000 word pieces.
+WMT14_PAIR         ?= en-de
+WMT14_TGT          := $(word 2,$(subst -, ,$(WMT14_PAIR)))
 WMT14_DATA         ?=
-TEST_DATA          ?= $(wildcard ../shared/data/wmt14)
+TEST_DATA          ?= $(wildcard ../shared/data/$(if $(filter en-fr,$(WMT14_PAIR)),wmt14-en-fr,wmt14))
 WMT14_EXP          ?= exp/wmt14
-WMT14_BPE          ?= 35000
+WMT14_BPE          ?= $(if $(filter en-fr,$(WMT14_PAIR)),32000,35000)
 # The training corpora, kept apart in the data dir (per-corpus filter counts), and their weights in that order:
 # the paper's, every pair once per epoch (empty: 1 each). WMT14_WEIGHTS="1 2 1" would see Common Crawl twice.
-WMT14_CORPORA      ?= europarl commoncrawl news-commentary
+WMT14_CORPORA      ?= europarl commoncrawl $(if $(filter en-fr,$(WMT14_PAIR)),un news-commentary giga-fren,news-commentary)
 WMT14_WEIGHTS      ?=
 GPUS               ?= 8
 NNODES             ?= 1
@@ -65,12 +69,12 @@ endif
 wmt14-data: $(WMT14_RAW)/.done
 
 $(WMT14_RAW)/.done: | install
-	python3 recipes/wmt14_data.py --out $(WMT14_RAW) $(if $(WMT14_DATA),--archives $(WMT14_DATA)) \
+	python3 recipes/wmt14_data.py --out $(WMT14_RAW) --pair $(WMT14_PAIR) $(if $(WMT14_DATA),--archives $(WMT14_DATA)) \
 	  $(if $(TEST_DATA),--test-data $(TEST_DATA)) --test-lines $(WMT14_TEST_LINES)
 
 ifeq ($(NODE_RANK),0)
 $(WMT14_EXP)/data/meta.json: $(WMT14_RAW)/.done
-	$(NMT) prepare -s en -t de $(foreach c,$(WMT14_CORPORA),--train $(WMT14_RAW)/train-$(c)) \
+	$(NMT) prepare -s en -t $(WMT14_TGT) $(foreach c,$(WMT14_CORPORA),--train $(WMT14_RAW)/train-$(c)) \
 	  $(foreach w,$(WMT14_WEIGHTS),--train-weight $(w)) --valid $(WMT14_RAW)/valid --test $(WMT14_RAW)/test \
 	  --normalize-punctuation --bpe-merges $(WMT14_BPE) --max-len 250 --max-ratio 1.5 --out $(WMT14_EXP)/data --force
 else
@@ -87,7 +91,8 @@ $(WMT14_EXP)/$(1)/.trained: $(WMT14_EXP)/data/meta.json
 	  --max-updates $(or $(WMT14_UPDATES),$(2)) --warmup 4000 --lr-scale 1.0 --label-smoothing 0.1 \
 	  --precision $(WMT14_PRECISION) --max-tokens $(WMT14_MAX_TOKENS) --update-freq $(WMT14_UPDATE_FREQ) \
 	  --save-interval-minutes $(WMT14_SAVE_MINUTES) --save-interval-updates $(or $(WMT14_SAVE_UPDATES),$(4)) \
-	  --keep-last $(3) --valid-interval 1000 --device $(WMT14_DEVICE) --seed 1 $(WMT14_TRAIN_FLAGS)
+	  --keep-last $(3) --valid-interval 1000 --device $(WMT14_DEVICE) --seed 1 \
+	  $(if $(and $(filter en-fr,$(WMT14_PAIR)),$(filter big,$(1))),--dropout 0.1) $(WMT14_TRAIN_FLAGS)
 	@touch $$@
 
 ifeq ($(NODE_RANK),0)
@@ -101,7 +106,8 @@ $(WMT14_EXP)/$(1)/newstest2014.hyp: $(WMT14_EXP)/$(1)/model.pt
 	  { echo "wmt14: $$@ does not have one line per test sentence" >&2; rm -f $$@; exit 2; }
 
 wmt14-$(1): $(WMT14_EXP)/$(1)/newstest2014.hyp
-	$(NMT) score --ref $(WMT14_EXP)/data/test.raw.de -i $$< --metrics bleu,chrf --tokenized-bleu de
+	$(NMT) score --ref $(WMT14_EXP)/data/test.raw.$(WMT14_TGT) -i $$< --metrics bleu,chrf \
+	  --tokenized-bleu $(WMT14_TGT)
 else
 wmt14-$(1): $(WMT14_EXP)/$(1)/.trained
 	@echo "wmt14-$(1): node $(NODE_RANK) finished training; node 0 averages, translates and scores"
@@ -121,3 +127,10 @@ wmt14-variations: $(WMT14_EXP)/data/meta.json
 
 $(eval $(call WMT14_MODEL,base,100000,5,1400))
 $(eval $(call WMT14_MODEL,big,300000,20,600))
+
+# English-French, the paper's other column (38.1 base, 41.8 big; section 6.1: big with P_drop 0.1): the same
+# machinery on the pair's five corpora, in its own folder.
+WMT14_FR_EXP ?= exp/wmt14-en-fr
+.PHONY: wmt14-en-fr-base wmt14-en-fr-big
+wmt14-en-fr-base wmt14-en-fr-big:
+	$(MAKE) $(subst -en-fr,,$@) WMT14_PAIR=en-fr WMT14_EXP=$(WMT14_FR_EXP)

@@ -1,18 +1,21 @@
-"""WMT14 en-de raw data for `make wmt14-base` / `make wmt14-big`, as fairseq's prepare-wmt14en2de.sh gathers it.
+"""WMT14 raw data for `make wmt14-base` / `wmt14-big` (en-de) and `wmt14-en-fr-base` / `-big` (en-fr), as fairseq's
+prepare-wmt14en2de.sh and prepare-wmt14en2fr.sh gather it.
 
-    python recipes/wmt14_data.py --out RAW [--archives DIR] [--test-data DIR] [--test-lines 3003]
+    python recipes/wmt14_data.py --out RAW [--pair en-de|en-fr] [--archives DIR] [--test-data DIR] [--test-lines 3003]
 
-Training text is Europarl v7, Common Crawl and News Commentary v9 (about 4.5M pairs), read straight from the
-five statmt.org archives (from --archives, or downloaded into RAW/orig); valid is newstest2013, test the
-full newstest2014 (3003 segments, SGML in test-full.tgz), or both from --test-data as plain text. Writes each
-corpus apart (RAW/train-{europarl,commoncrawl,news-commentary}.{en,de}), RAW/{valid,test}.{en,de} and RAW/.done
-last; every file goes to a temporary name first. Bad input (a missing archive or member, a test set of the wrong
-size) is one line on stderr and exit code 2.
+en-de: Europarl v7, Common Crawl and News Commentary v9 (about 4.5M pairs); en-fr: Europarl v7, Common Crawl, UN,
+News Commentary v9 and the 10^9 French-English corpus (giga-fren, gzipped inside its tar; about 36M pairs), read
+straight from the statmt.org archives (from --archives, or downloaded into RAW/orig). Valid is newstest2013, test
+the full newstest2014 (3003 segments, SGML in test-full.tgz), or both from --test-data as plain text. Writes each
+corpus apart (RAW/train-CORPUS.{en,xx}), RAW/{valid,test}.{en,xx} and RAW/.done last; every file goes to a
+temporary name first. Bad input (a missing archive or member, a test set of the wrong size) is one line on stderr
+and exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import html
 import os
 import re
@@ -24,28 +27,48 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-LANGS = ("en", "de")
-ARCHIVES = {
-    "training-parallel-europarl-v7.tgz": "http://statmt.org/wmt13/training-parallel-europarl-v7.tgz",
-    "training-parallel-commoncrawl.tgz": "http://statmt.org/wmt13/training-parallel-commoncrawl.tgz",
-    "training-parallel-nc-v9.tgz": "http://statmt.org/wmt14/training-parallel-nc-v9.tgz",
-    "dev.tgz": "http://statmt.org/wmt14/dev.tgz",
-    "test-full.tgz": "http://statmt.org/wmt14/test-full.tgz",
+# The two halves of the paper's Table 2, as fairseq's prepare-wmt14en2de.sh and prepare-wmt14en2fr.sh gather them.
+# Per pair: archive -> URL; archive -> the training corpus's member prefix (members PREFIX.en, PREFIX.xx; ".gz"
+# where the archive holds them gzipped) and its name under RAW; dev; test (SGML in test-full.tgz).
+PAIRS = {
+    "en-de": {
+        "archives": {
+            "training-parallel-europarl-v7.tgz": "http://statmt.org/wmt13/training-parallel-europarl-v7.tgz",
+            "training-parallel-commoncrawl.tgz": "http://statmt.org/wmt13/training-parallel-commoncrawl.tgz",
+            "training-parallel-nc-v9.tgz": "http://statmt.org/wmt14/training-parallel-nc-v9.tgz",
+            "dev.tgz": "http://statmt.org/wmt14/dev.tgz",
+            "test-full.tgz": "http://statmt.org/wmt14/test-full.tgz"},
+        "train": {
+            "training-parallel-europarl-v7.tgz": ("training/europarl-v7.de-en", "", "train-europarl"),
+            "training-parallel-commoncrawl.tgz": ("commoncrawl.de-en", "", "train-commoncrawl"),
+            "training-parallel-nc-v9.tgz": ("training/news-commentary-v9.de-en", "", "train-news-commentary")},
+        "valid": ("dev.tgz", "dev/newstest2013"),
+        "test": {"en": "test-full/newstest2014-deen-src.en.sgm", "de": "test-full/newstest2014-deen-ref.de.sgm"},
+    },
+    "en-fr": {
+        "archives": {
+            "training-parallel-europarl-v7.tgz": "http://statmt.org/wmt13/training-parallel-europarl-v7.tgz",
+            "training-parallel-commoncrawl.tgz": "http://statmt.org/wmt13/training-parallel-commoncrawl.tgz",
+            "training-parallel-un.tgz": "http://statmt.org/wmt13/training-parallel-un.tgz",
+            "training-parallel-nc-v9.tgz": "http://statmt.org/wmt14/training-parallel-nc-v9.tgz",
+            "training-giga-fren.tar": "http://statmt.org/wmt10/training-giga-fren.tar",
+            "dev.tgz": "http://statmt.org/wmt14/dev.tgz",
+            "test-full.tgz": "http://statmt.org/wmt14/test-full.tgz"},
+        "train": {
+            "training-parallel-europarl-v7.tgz": ("training/europarl-v7.fr-en", "", "train-europarl"),
+            "training-parallel-commoncrawl.tgz": ("commoncrawl.fr-en", "", "train-commoncrawl"),
+            "training-parallel-un.tgz": ("un/undoc.2000.fr-en", "", "train-un"),
+            "training-parallel-nc-v9.tgz": ("training/news-commentary-v9.fr-en", "", "train-news-commentary"),
+            "training-giga-fren.tar": ("giga-fren.release2.fixed", ".gz", "train-giga-fren")},
+        "valid": ("dev.tgz", "dev/newstest2013"),
+        "test": {"en": "test-full/newstest2014-fren-src.en.sgm", "fr": "test-full/newstest2014-fren-ref.fr.sgm"},
+    },
 }
-# archive -> member prefix; the members are PREFIX.en and PREFIX.de (paths as in the real archives)
-TRAIN_MEMBERS = {
-    "training-parallel-europarl-v7.tgz": "training/europarl-v7.de-en",
-    "training-parallel-commoncrawl.tgz": "commoncrawl.de-en",
-    "training-parallel-nc-v9.tgz": "training/news-commentary-v9.de-en",
-}
-# archive -> the corpus's prefix under RAW: kept apart, so that `nmt prepare` counts and weighs each
-TRAIN_CORPORA = {
-    "training-parallel-europarl-v7.tgz": "train-europarl",
-    "training-parallel-commoncrawl.tgz": "train-commoncrawl",
-    "training-parallel-nc-v9.tgz": "train-news-commentary",
-}
-VALID_MEMBER = ("dev.tgz", "dev/newstest2013")
-TEST_MEMBERS = {"en": "test-full/newstest2014-deen-src.en.sgm", "de": "test-full/newstest2014-deen-ref.de.sgm"}
+# en-de's tables under their earlier names
+ARCHIVES = PAIRS["en-de"]["archives"]
+TRAIN_MEMBERS = {archive: prefix for archive, (prefix, _, _) in PAIRS["en-de"]["train"].items()}
+VALID_MEMBER = PAIRS["en-de"]["valid"]
+TEST_MEMBERS = PAIRS["en-de"]["test"]
 SEGMENT = re.compile(r"<seg[^>]*>(.*)</seg>")
 
 
@@ -53,14 +76,15 @@ class DataError(Exception):
     """Bad input: reported as one line, exit code 2."""
 
 
-def fetch_archives(archives: Path | None, orig: Path) -> dict[str, Path]:
-    """The five archives: from `archives` (each must be there) or downloaded into `orig` (temp name, then rename)."""
+def fetch_archives(archives: Path | None, orig: Path, wanted: dict[str, str] = ARCHIVES) -> dict[str, Path]:
+    """The pair's archives (`wanted`: name -> URL): from `archives` (each must be there) or downloaded into `orig`
+    (temp name, then rename)."""
     found = {}
-    for name, url in ARCHIVES.items():
+    for name, url in wanted.items():
         if archives is not None:
             path = archives / name
             if not path.is_file():
-                raise DataError(f"{path}: no such file (WMT14_DATA must hold {', '.join(ARCHIVES)})")
+                raise DataError(f"{path}: no such file (WMT14_DATA must hold {', '.join(wanted)})")
         else:
             path = orig / name
             if not path.is_file():
@@ -81,11 +105,12 @@ def fetch_archives(archives: Path | None, orig: Path) -> dict[str, Path]:
 
 
 def _open_member(archive: tarfile.TarFile, path: Path, member: str):
-    """A member `_members` has checked is there; a directory or link under that name is refused."""
+    """A member `_members` has checked is there, read decompressed where it is gzipped (giga-fren's); a directory
+    or link under that name is refused."""
     f = archive.extractfile(member)
     if f is None:
         raise DataError(f"{path}: {member} is not a regular file")
-    return f
+    return gzip.GzipFile(fileobj=f) if member.endswith(".gz") else f
 
 
 def _members(path: Path, names: list[str]):
@@ -118,18 +143,23 @@ def _write(path: Path, chunks) -> int:
     return lines
 
 
-def write_train(found: dict[str, Path], out: Path) -> None:
-    """out/train-{europarl,commoncrawl,news-commentary}.{en,de}: each corpus apart, checked for equal line
-    counts per side."""
-    opened = {name: _members(found[name], [f"{prefix}.{lang}" for lang in LANGS])
-              for name, prefix in TRAIN_MEMBERS.items()}
+def write_train(found: dict[str, Path], out: Path, pair: str = "en-de") -> None:
+    """out/train-CORPUS.{en,xx}: each corpus of the pair apart, checked for equal line counts per side."""
+    langs = pair.split("-")
+    corpora = PAIRS[pair]["train"]
+    opened = {name: _members(found[name], [f"{prefix}.{lang}{gz}" for lang in langs])
+              for name, (prefix, gz, _) in corpora.items()}
     try:
-        for name, prefix in TRAIN_MEMBERS.items():
-            counts = {lang: _write(out / f"{TRAIN_CORPORA[name]}.{lang}",
-                                   _open_member(opened[name], found[name], f"{prefix}.{lang}")) for lang in LANGS}
-            if counts["en"] != counts["de"]:
-                raise DataError(f"{found[name]}: {prefix}.en has {counts['en']} lines but {prefix}.de has "
-                                f"{counts['de']}")
+        for name, (prefix, gz, corpus) in corpora.items():
+            try:
+                counts = {lang: _write(out / f"{corpus}.{lang}", _open_member(opened[name], found[name],
+                                                                               f"{prefix}.{lang}{gz}"))
+                          for lang in langs}
+            except (OSError, EOFError) as e:  # a gzipped member that is not gzip
+                raise DataError(f"{found[name]}: {prefix}.*{gz} cannot be read ({e})") from None
+            if counts[langs[0]] != counts[langs[1]]:
+                raise DataError(f"{found[name]}: {prefix}.{langs[0]}{gz} has {counts[langs[0]]} lines but "
+                                f"{prefix}.{langs[1]}{gz} has {counts[langs[1]]}")
     finally:
         for archive in opened.values():
             archive.close()
@@ -147,29 +177,32 @@ def sgm_segments(data: bytes, where: str) -> list[bytes]:
     return out
 
 
-def write_eval(found: dict[str, Path] | None, test_data: Path | None, out: Path, test_lines: int) -> None:
-    """out/valid.{en,de} (newstest2013) and out/test.{en,de} (newstest2014), checked to have `test_lines` lines."""
-    for lang in LANGS:
+def write_eval(found: dict[str, Path] | None, test_data: Path | None, out: Path, test_lines: int,
+               pair: str = "en-de") -> None:
+    """out/valid.{en,xx} (newstest2013) and out/test.{en,xx} (newstest2014), checked to have `test_lines` lines."""
+    tables = PAIRS[pair]
+    for lang in pair.split("-"):
         if test_data is not None:
             for split, name in (("valid", "newstest2013"), ("test", "newstest2014")):
                 src = test_data / f"{name}.{lang}"
                 if not src.is_file():
-                    raise DataError(f"{src}: no such file (TEST_DATA must hold newstest2013/2014.{{en,de}})")
+                    sides = pair.replace("-", ",")
+                    raise DataError(f"{src}: no such file (TEST_DATA must hold newstest2013/2014.{{{sides}}})")
                 _write(out / f"{split}.{lang}", src.read_bytes().splitlines())
         else:
             assert found is not None
-            name, prefix = VALID_MEMBER
+            name, prefix = tables["valid"]
             with _members(found[name], [f"{prefix}.{lang}"]) as archive:
                 valid = _open_member(archive, found[name], f"{prefix}.{lang}").read()
                 _write(out / f"valid.{lang}", valid.splitlines())
-            member = TEST_MEMBERS[lang]
+            member = tables["test"][lang]
             with _members(found["test-full.tgz"], [member]) as archive:
                 data = _open_member(archive, found["test-full.tgz"], member).read()
             _write(out / f"test.{lang}", sgm_segments(data, f"{found['test-full.tgz']}:{member}"))
         lines = sum(1 for _ in open(out / f"test.{lang}", "rb"))
         if lines != test_lines:
             where = (test_data / f"newstest2014.{lang}" if test_data
-                     else f"{found['test-full.tgz']}:{TEST_MEMBERS[lang]}")
+                     else f"{found['test-full.tgz']}:{tables['test'][lang]}")
             (out / f"test.{lang}").unlink()
             raise DataError(f"{where}: newstest2014 has {lines} segments, expected {test_lines}")
 
@@ -180,18 +213,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--archives", type=Path, help="folder holding the five .tgz files (else download)")
     parser.add_argument("--test-data", type=Path, help="folder with plain newstest2013/2014.{en,de}")
     parser.add_argument("--test-lines", type=int, default=3003, help="segments newstest2014 must have")
+    parser.add_argument("--pair", choices=sorted(PAIRS), default="en-de", help="the language pair")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / ".done").unlink(missing_ok=True)
     try:
-        found = fetch_archives(args.archives or None, args.out / "orig")
-        write_train(found, args.out)
-        write_eval(found, args.test_data or None, args.out, args.test_lines)
+        found = fetch_archives(args.archives or None, args.out / "orig", PAIRS[args.pair]["archives"])
+        write_train(found, args.out, args.pair)
+        write_eval(found, args.test_data or None, args.out, args.test_lines, args.pair)
     except DataError as e:
         print(f"wmt14 data: error: {e}", file=sys.stderr)
         return 2
     (args.out / ".done").touch()
-    print(f"wmt14 data: wrote {args.out}/{{train,valid,test}}.{{en,de}}", file=sys.stderr)
+    corpora = ",".join(c for _, _, c in PAIRS[args.pair]["train"].values())
+    print(f"wmt14 data: wrote {args.out}/{{{corpora},valid,test}}.{{{args.pair.replace('-', ',')}}}", file=sys.stderr)
     return 0
 
 

@@ -134,3 +134,32 @@ def test_a_config_file_sets_a_commands_options_and_flags_override_it(toy_data, t
                  "value.yaml: max-tokens:")
     (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
     expect_error(run_cli("average", "--config", tmp_path / "list.yaml"), "list.yaml: expected a mapping")
+
+
+def test_train_and_prepare_flags_default_as_their_options_dataclass():
+    """A flag and the options field it fills (`TrainOptions`, `PrepareOptions`: what options.json records and a
+    resume compares) name one option: every field has its flag, with the field's default, unless the CLI says
+    "default: computed" (None) for it."""
+    import dataclasses
+
+    from nmt_cli.data.prepare import PrepareOptions
+    from nmt_cli.training.options import TrainOptions
+
+    internal = {"prepare": {"source_lang", "target_lang", "tokenizer_given", "tags", "workers", "tokenizer",
+                            "normalize", "train_weights"},  # filled from other flags (-s, --tag, ...)
+                "train": {"adam_betas"}}  # typed as text on the command line, parsed into the tuple
+    for command, options in (("train", TrainOptions), ("prepare", PrepareOptions)):
+        params = {p.name: p for p in COMMANDS[command].params}
+        for field in dataclasses.fields(options):
+            if field.name in internal[command]:
+                continue
+            assert field.name in params, (command, field.name)
+            if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+                continue
+            default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+            flag_default = params[field.name].default
+            flag_default = getattr(flag_default, "value", flag_default)  # an Enum choice
+            if isinstance(default, tuple):
+                default = list(default)
+            assert flag_default in (default, None) or (flag_default == [] and default == ()), (
+                command, field.name, flag_default, default)

@@ -101,7 +101,7 @@ def test_filter_counts_match_meta(tmp_path):
     # (the toy corpus repeats one pair by chance; duplicates have their own test below)
     meta = _prepare(raw, tmp_path / "d", workers=1, max_len=30, max_ratio=3.0, remove_duplicates=False)
     filtered = meta["splits"]["train"]["filtered"]
-    assert filtered["dropped"] == {"empty": 1, "too_long": 1, "ratio": 1, "copy": 0, "duplicate": 0}
+    assert filtered["dropped"] == {"empty": 1, "too_long": 1, "ratio": 1, "copy": 0, "duplicate": 0, "language": 0}
     assert filtered["kept"] == meta["splits"]["train"]["sentences"] == 97
     assert len(DataDir.open(tmp_path / "d").split("train")) == 97
     on_disk = json.loads((tmp_path / "d" / "meta.json").read_text())
@@ -471,11 +471,11 @@ def test_each_filter_removes_its_defect_and_counts_it_and_each_can_be_turned_off
     assert result.exit_code == 0, result.output
     meta = json.loads((tmp_path / "cleaned" / "meta.json").read_text())
     filtered = meta["splits"]["train"]["filtered"]
-    assert filtered["dropped"] == {"empty": 1, "too_long": 1, "ratio": 1, "copy": 2, "duplicate": 3}
+    assert filtered["dropped"] == {"empty": 1, "too_long": 1, "ratio": 1, "copy": 2, "duplicate": 3, "language": 0}
     assert filtered["kept"] == meta["splits"]["train"]["sentences"] == 10 and filtered["input_sentences"] == 18
     assert "2 copies, 3 duplicates" in result.stderr
     kept = run_cli(*args, "--out", tmp_path / "kept", "--keep-duplicates", "--keep-copies")
     assert kept.exit_code == 0, kept.output
     filtered = json.loads((tmp_path / "kept" / "meta.json").read_text())["splits"]["train"]["filtered"]
-    assert filtered["dropped"] == {"empty": 1, "too_long": 1, "ratio": 1, "copy": 0, "duplicate": 0}
+    assert filtered["dropped"] == {"empty": 1, "too_long": 1, "ratio": 1, "copy": 0, "duplicate": 0, "language": 0}
     assert filtered["kept"] == 15

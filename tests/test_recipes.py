@@ -73,6 +73,38 @@ def make_wmt14_archives(folder: Path, test_lines: int = WMT14_TEST_LINES, skip: 
                     _add(archive, member, data)
 
 
+def make_wmt14_en_fr_archives(folder: Path, test_lines: int = WMT14_TEST_LINES) -> None:
+    """The seven statmt.org archives of WMT14 en-fr with the real member paths and formats (giga-fren's two
+    members gzipped inside a plain tar), filled with real text: Multi30k's English-French pairs as the five
+    training corpora, newstest2013/2014 en-fr (../shared/data/wmt14-en-fr) as dev and test."""
+    m30k, wmt = shared_data("multi30k"), shared_data("wmt14-en-fr")
+    pairs = {lang: gzip.open(m30k / f"train.{lang}.gz", "rt", encoding="utf-8").read().splitlines()[:3000]
+             for lang in ("en", "fr")}
+    news = {(name, lang): (wmt / f"{name}.{lang}").read_text(encoding="utf-8").splitlines()
+            for name in ("newstest2013", "newstest2014") for lang in ("en", "fr")}
+    slices = {"training-parallel-europarl-v7.tgz": ("training/europarl-v7.fr-en", "", 0, 1000),
+              "training-parallel-commoncrawl.tgz": ("commoncrawl.fr-en", "", 1000, 1600),
+              "training-parallel-un.tgz": ("un/undoc.2000.fr-en", "", 1600, 2000),
+              "training-parallel-nc-v9.tgz": ("training/news-commentary-v9.fr-en", "", 2000, 2300),
+              "training-giga-fren.tar": ("giga-fren.release2.fixed", ".gz", 2300, 3000)}
+    members: dict[str, dict[str, bytes]] = {}
+    for name, (prefix, gz, a, b) in slices.items():
+        members[name] = {}
+        for lang in ("en", "fr"):
+            data = ("\n".join(pairs[lang][a:b]) + "\n").encode()
+            members[name][f"{prefix}.{lang}{gz}"] = gzip.compress(data) if gz else data
+    members["dev.tgz"] = {f"dev/newstest2013.{lang}": ("\n".join(news["newstest2013", lang][:200]) + "\n").encode()
+                          for lang in ("en", "fr")}
+    members["test-full.tgz"] = {
+        "test-full/newstest2014-fren-src.en.sgm": _sgm(news["newstest2014", "en"][:test_lines], "en", "src"),
+        "test-full/newstest2014-fren-ref.fr.sgm": _sgm(news["newstest2014", "fr"][:test_lines], "fr", "ref")}
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, files in members.items():
+        with tarfile.open(folder / name, "w" if name.endswith(".tar") else "w:gz") as archive:
+            for member, data in files.items():
+                _add(archive, member, data)
+
+
 def _make(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(["make", "-o", ".venv/.installed", *args], cwd=REPO, capture_output=True, text=True,
@@ -140,6 +172,36 @@ def test_wmt14_variations_rehearsal(wmt14_archives, tmp_path_factory, warm_nmt):
     table = (exp / "variations" / "variations.md").read_text()
     assert "4.92, 25.8, 65" in table and "4.92, 25.7" in table  # the paper's base and row E beside ours
     assert (exp / "variations" / "variations.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_wmt14_english_french_recipes_rehearsal(tmp_path, warm_nmt):
+    """`make wmt14-en-fr-big`, then `make wmt14-en-fr-base` on the data it prepared, on CPU: the seven archives
+    in their real layout (giga-fren gzipped in a tar), the five corpora kept apart at weight 1, the SGML test set
+    translated into French and scored with sacreBLEU and tokenized BLEU; the real run's settings (32k merges,
+    big with dropout 0.1 as section 6.1 says) checked in its dry run."""
+    archives = tmp_path / "archives"
+    make_wmt14_en_fr_archives(archives)
+    exp = tmp_path / "wmt14-en-fr"
+    common = [f"WMT14_DATA={archives}", "TEST_DATA=", f"WMT14_FR_EXP={exp}", "WMT14_DEVICE=cpu", "GPUS=1",
+              "WMT14_ARCH=tiny", "WMT14_SAVE_UPDATES=1", "WMT14_MAX_TOKENS=1024", "WMT14_BPE=400",
+              f"WMT14_TEST_LINES={WMT14_TEST_LINES}", "WMT14_TRAIN_FLAGS=--quiet", f"NMT={warm_nmt}"]
+    for model, average in (("big", 20), ("base", 5)):
+        result = _make(f"wmt14-en-fr-{model}", f"WMT14_UPDATES={average}", *common)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        assert re.search(r"bleu\s*│\s*[\d.]+", result.stdout) and "tokenized" in result.stdout.lower()
+        assert f"averaged {average} checkpoints" in result.stderr
+        hyps = (exp / model / "newstest2014.hyp").read_text(encoding="utf-8").splitlines()
+        assert len(hyps) == WMT14_TEST_LINES
+    meta = json.loads((exp / "data" / "meta.json").read_text())
+    assert (meta["source_lang"], meta["target_lang"]) == ("en", "fr")
+    assert [c["name"] for c in meta["corpora"]] == ["train-europarl", "train-commoncrawl", "train-un",
+                                                    "train-news-commentary", "train-giga-fren"]
+    assert [c["input_sentences"] for c in meta["corpora"]] == [1000, 600, 400, 300, 700]
+    references = (shared_data("wmt14-en-fr") / "newstest2014.fr").read_text(encoding="utf-8").splitlines()
+    assert (exp / "raw" / "test.fr").read_text(encoding="utf-8").splitlines() == references[:WMT14_TEST_LINES]
+    dry = _make("-n", "wmt14-en-fr-big", "GPUS=8")
+    assert "--dropout 0.1" in dry.stdout and "--bpe-merges 32000" in dry.stdout and "--train-weight" not in dry.stdout
+    assert "--train exp/wmt14-en-fr/raw/train-giga-fren" in dry.stdout and "--tokenized-bleu fr" in dry.stdout
 
 
 def test_wmt14_recipe_on_two_nodes(wmt14_archives, tmp_path, warm_nmt):
