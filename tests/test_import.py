@@ -237,3 +237,18 @@ def test_finetune_recipe_at_smoke_size(folders, tmp_path, warm_nmt):
     for when in ("before", "after"):
         assert len((exp / f"test.{when}.hyp").read_text(encoding="utf-8").splitlines()) == 30
     assert load_checkpoint(exp / "model.pt")["target_token"] == LANGUAGE_TOKENS[0]
+
+
+def test_attention_of_a_model_with_a_target_vocabulary_of_its_own(folders, tmp_path):
+    """`nmt attention --json` on an imported model with separate vocabularies labels the output with the target
+    vocabulary's symbols (ids mean other symbols on the two sides)."""
+    out = tmp_path / "model.pt"
+    import_transformers(folders["marian-untied"], out)
+    result = runner.invoke(app, ["attention", "A man rides a bike.", "-m", str(out), "--json", str(tmp_path / "a.json")])
+    assert result.exit_code == 0, result.output
+    maps = json.loads((tmp_path / "a.json").read_text())
+    target = set(json.loads((folders["marian-untied"] / "target_vocab.json").read_text()))
+    source = set(json.loads((folders["marian-untied"] / "vocab.json").read_text()))
+    labels = [t for t in maps["target_out"] if t != "</s>"]
+    assert labels and all(t in target for t in labels)
+    assert any(t not in source for t in labels) or not (target - source)

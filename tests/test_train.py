@@ -650,3 +650,37 @@ def test_ema_of_constant_weights_is_those_weights_and_a_resumed_run_keeps_it_bit
     train(TrainOptions(data=toy_data, save_dir=plain, max_updates=1, **{**flags, "ema": 0.0}))
     expect_error(run_cli("average", "--ema", plain / "checkpoint_last.pt", "-o", tmp_path / "x.pt"),
                  "holds no moving average", "--ema DECAY")
+
+
+def test_valid_ema_validates_the_moving_average_and_leaves_training_as_it_was(toy_data, tmp_path):
+    """--valid-ema: each logged validation loss is the moving average's (the loss of a model made of the
+    checkpoint's EMA, computed apart), not the weights'; the weights and the average after the run are those of
+    the same run without the flag, to the bit. Without --ema it is one line."""
+    from nmt_cli.data.binarized import DataDir, make_batches
+    from nmt_cli.errors import NmtError
+    from nmt_cli.model.checkpoint import model_from_checkpoint, with_ema_weights
+    from nmt_cli.training.distributed import DistContext
+    from nmt_cli.training.update import TranslationLoss, validate
+
+    flags = dict(arch="tiny", max_tokens=512, warmup=10, dropout=0.0, device="cpu", precision="fp32", quiet=True,
+                 seed=7, ema=0.9, max_updates=6, valid_interval=3)
+    train(TrainOptions(data=toy_data, save_dir=tmp_path / "plain", **flags))
+    train(TrainOptions(data=toy_data, save_dir=tmp_path / "ema", valid_ema=True, **flags))
+    a, b = (load_checkpoint(tmp_path / d / "checkpoint_last.pt") for d in ("plain", "ema"))
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert all(torch.equal(a["ema"][k], b["ema"][k]) for k in a["ema"])
+
+    def logged(save: Path) -> float:
+        log = [json.loads(x) for x in (save / "train.jsonl").read_text().splitlines()]
+        return [r for r in log if r["event"] == "valid"][-1]["valid_loss"]
+
+    model, _ = model_from_checkpoint(with_ema_weights(b, "ema"))
+    data = DataDir.open(toy_data)
+    valid = data.split("valid")
+    batches = make_batches(valid.src.sizes, valid.tgt.sizes, 512, 7)
+    apart = validate(TranslationLoss(model, 0.1), valid, batches, data.vocab, "fp32", torch.device("cpu"),
+                     DistContext())["valid_loss"]
+    assert logged(tmp_path / "ema") == pytest.approx(apart, rel=1e-6)
+    assert abs(logged(tmp_path / "plain") - apart) > 1e-3  # the weights' loss is another figure
+    with pytest.raises(NmtError, match="--valid-ema validates the moving average of --ema"):
+        train(TrainOptions(data=toy_data, save_dir=tmp_path / "x", **{**flags, "ema": 0.0, "valid_ema": True}))

@@ -91,6 +91,9 @@ def train_cmd(
     ema: Annotated[float, typer.Option(rich_help_panel=P_OPTIM, help=(
         "Keep an exponential moving average of the weights with this decay (0.999, say; 0: none), in fp32, "
         "saved in every checkpoint; nmt average --ema makes a model of it."))] = 0.0,
+    valid_ema: Annotated[bool, typer.Option(rich_help_panel=P_OPTIM, help=(
+        "Validate the moving average (--ema) instead of the weights: the logged validation, --eval-bleu and "
+        "checkpoint_best rank it."))] = False,
     warmup: Annotated[int, typer.Option(rich_help_panel=P_OPTIM, help=(
         "Warmup updates of eq. 3 (paper: 4000; small data: the Multi30k recipe's 1000 with --lr-scale 0.5)."))] = 4000,
     cooldown: Annotated[float, typer.Option(

@@ -189,7 +189,7 @@ def attention_cmd(
                 raise NmtError(f"{flag} {v}: the model has {most} (1 to {most})")
     source, target = translator.attention_pair(sentence, reference)
     vocab = translator.vocab
-    maps = attention_maps(net, source, target, vocab.symbols, vocab.bos, vocab.eos)
+    maps = attention_maps(net, source, target, vocab.symbols, vocab.bos, vocab.eos, translator.target_vocab.symbols)
     if output is not None:
         plot_attention(maps, output, [v - 1 for v in layer or ()], [v - 1 for v in head or ()], fmt)
     if as_json is not None:

@@ -120,7 +120,7 @@ class Translator(TextTranslator):
             if not source_ids or not output_ids:
                 out.append([])
                 continue
-            maps = attention_maps(model, source_ids, output_ids, symbols, vocab.bos, vocab.eos)
+            maps = attention_maps(model, source_ids, output_ids, symbols, vocab.bos, vocab.eos, target_symbols)
             source_words = piece_words([symbols[i] for i in source_ids], source, self.segmenter.surface,
                                        by_character(self.source_lang))
             output_words = piece_words([target_symbols[i] for i in output_ids], output, self.target_segmenter.surface,

@@ -67,8 +67,9 @@ def record_attention(model: Transformer) -> Iterator[dict[str, list[Tensor]]]:
 
 
 def attention_maps(model: Transformer, source: Sequence[int], target: Sequence[int], symbols: Sequence[str],
-                   bos: int, eos: int) -> AttentionMaps:
-    """Teacher-force `target` (ids without </s>) on `source` (ids without </s>) and keep every attention map."""
+                   bos: int, eos: int, target_symbols: Sequence[str] | None = None) -> AttentionMaps:
+    """Teacher-force `target` (ids without </s>) on `source` (ids without </s>) and keep every attention map;
+    `target_symbols` names the target's ids where the model has a target vocabulary of its own."""
     device = next(model.parameters()).device
     src = torch.tensor([list(source) + [eos]], device=device)
     prev = torch.tensor([[bos] + list(target)], device=device)
@@ -79,9 +80,10 @@ def attention_maps(model: Transformer, source: Sequence[int], target: Sequence[i
     gold = list(target) + [eos]
     # Each layer records one map of each of its kinds, in layer order.
     weights = {kind: torch.stack([w[0].cpu() for w in records[kind]]) for kind in KINDS}
+    out = target_symbols or symbols
     return AttentionMaps(source=[symbols[i] for i in source] + [symbols[eos]],
-                         target_in=[symbols[bos]] + [symbols[i] for i in target],
-                         target_out=[symbols[i] for i in target] + [symbols[eos]], weights=weights,
+                         target_in=[out[bos]] + [out[i] for i in target],
+                         target_out=[out[i] for i in target] + [out[eos]], weights=weights,
                          log_probs=[log_probs[i, g].item() for i, g in enumerate(gold)])
 
 

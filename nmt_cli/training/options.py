@@ -45,6 +45,7 @@ class TrainOptions:
     adam_betas: tuple[float, float] = (0.9, 0.98)  # section 5.3
     weight_decay: float = 0.0  # decoupled from the gradient (AdamW), as fairseq's adam applies it
     ema: float = 0.0  # decay of an exponential moving average of the weights, kept in fp32 (0: none)
+    valid_ema: bool = False  # validation (and so the best checkpoint) scores the moving average, not the weights
     warmup: int = 4000
     cooldown: float = 0.0  # final share of the budget (--max-updates or --max-time) over which the lr falls to 0
     label_smoothing: float = 0.1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import math
@@ -10,7 +11,7 @@ import secrets
 import socket
 import sys
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from contextlib import closing, nullcontext, suppress
 from dataclasses import asdict, fields, replace
 from pathlib import Path
@@ -166,6 +167,8 @@ def check_options(opts: TrainOptions) -> None:
     for flag, value, ok, wanted in checks:
         if not ok or (isinstance(value, float) and not math.isfinite(value)):
             raise NmtError(f"{flag} must be {wanted} (got {value})")
+    if opts.valid_ema and not opts.ema:
+        raise NmtError("--valid-ema validates the moving average of --ema: give --ema DECAY too")
     if opts.cooldown and not (opts.max_updates or opts.max_time):
         raise NmtError("--cooldown needs a budget to end at: --max-updates or --max-time")
 
@@ -580,12 +583,32 @@ class Trainer:
         """Validation loss, NLL and perplexity (and BLEU with --eval-bleu) over every process, and the figure
         that ranks checkpoints: BLEU with --eval-bleu, else the loss."""
         opts, ctx = self.opts, self.ctx
-        metrics = validate(self.loss_module, self.valid_corpus, self.valid_batches, self.data.vocab,
-                           opts.precision, self.device, ctx)
-        if opts.eval_bleu:
-            score = valid_bleu(self.model, self.data, self.device, opts.precision) if ctx.is_main else 0.0
-            (metrics["valid_bleu"],) = D.all_reduce([score], ctx, self.device)
+        with self.moving_average_in_model():
+            metrics = validate(self.loss_module, self.valid_corpus, self.valid_batches, self.data.vocab,
+                               opts.precision, self.device, ctx)
+            if opts.eval_bleu:
+                score = valid_bleu(self.model, self.data, self.device, opts.precision) if ctx.is_main else 0.0
+                (metrics["valid_bleu"],) = D.all_reduce([score], ctx, self.device)
         return metrics, metrics["valid_bleu"] if opts.eval_bleu else metrics["valid_loss"]
+
+    @contextlib.contextmanager
+    def moving_average_in_model(self) -> Iterator[None]:
+        """With --valid-ema, the model holds its moving average while the block runs, and its own weights again
+        after it, bit for bit; otherwise nothing changes."""
+        if not (self.opts.valid_ema and self.ema is not None):
+            yield
+            return
+        averages, params = self.ema_pairs
+        saved = [p.detach().clone() for p in params]
+        with torch.no_grad():
+            for p, average in zip(params, averages):
+                p.copy_(average)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, weights in zip(params, saved):
+                    p.copy_(weights)
 
     def validate_starting_point(self) -> None:
         """Fine-tuning: validate the --init-from model on the new data before the first update. It is the first
