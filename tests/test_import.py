@@ -244,7 +244,8 @@ def test_attention_of_a_model_with_a_target_vocabulary_of_its_own(folders, tmp_p
     vocabulary's symbols (ids mean other symbols on the two sides)."""
     out = tmp_path / "model.pt"
     import_transformers(folders["marian-untied"], out)
-    result = runner.invoke(app, ["attention", "A man rides a bike.", "-m", str(out), "--json", str(tmp_path / "a.json")])
+    result = runner.invoke(app, ["attention", "A man rides a bike.", "-m", str(out), "--json",
+                                 str(tmp_path / "a.json")])
     assert result.exit_code == 0, result.output
     maps = json.loads((tmp_path / "a.json").read_text())
     target = set(json.loads((folders["marian-untied"] / "target_vocab.json").read_text()))

@@ -821,11 +821,12 @@ def corpora_table(meta: dict):
     corpora = meta.get("corpora") or []
     if len(corpora) < 2:
         return None
-    table = Table(title="training corpora")
-    columns = ["corpus", "weight", "pairs read", "kept", "empty", "over --max-len", "over --max-ratio", "copies",
-               "duplicates", "other language"]
+    from rich import box
+
+    table = Table(title="training corpora", box=box.SIMPLE_HEAD)
+    columns = ["corpus", "weight", "read", "kept", "empty", "too long", "ratio", "copies", "repeats", "language"]
     for i, column in enumerate(columns):
-        table.add_column(column, justify="left" if i == 0 else "right")
+        table.add_column(column, justify="left" if i == 0 else "right", min_width=len(column), no_wrap=True)
     for c in corpora:
         d = c["dropped"]
         table.add_row(c["name"], f"{c['weight']:g}", f"{c['input_sentences']:,}", f"{c['kept']:,}",
