@@ -1,6 +1,7 @@
 """`nmt prepare` and `nmt train` start-up at WMT14 scale, on a synthetic corpus shaped like WMT14 en-de.
 
-    python benchmarks/scale.py --pairs 4500000 [--tokenizer sentencepiece] [--json] [--work DIR] [--keep]
+    python benchmarks/scale.py --pairs 4500000 [--lexicon 3000000] [--tokenizer sentencepiece] [--json] [--work DIR]
+                               [--keep]
 
 Generates N pairs (benchmarks/synthetic.py: Zipfian words, ~1M types per side at 4.5M pairs, WMT-like
 lengths, ~3% of pairs for the filters to drop) plus 3,000-pair valid and test sets, runs `nmt prepare`
@@ -35,14 +36,15 @@ def _rss_mb() -> float:
     return 0.0
 
 
-def prepare_worker(work: str, merges: int, tokenizer: str = "moses") -> None:
-    """Child process: nmt prepare with the recipe's settings; one JSON line per stage on stdout."""
+def prepare_worker(work: str, merges: int, tokenizer: str = "moses", workers: int = 0) -> None:
+    """Child process: nmt prepare with the recipe's settings on `workers` processes (0: every core); one JSON
+    line per stage on stdout."""
     from nmt_cli.data.prepare import PrepareOptions, prepare
 
     w = Path(work)
     opts = PrepareOptions("en", "de", str(w / "train"), str(w / "valid"), w / "data", test=[str(w / "test")],
                           bpe_merges=merges, max_len=250, max_ratio=1.5, force=True, quiet=True, normalize=True,
-                          workers=os.cpu_count() or 1, tokenizer=tokenizer, vocab_size=37_000)
+                          workers=workers or os.cpu_count() or 1, tokenizer=tokenizer, vocab_size=37_000)
     prepare(opts, on_stage=lambda record: print(json.dumps(record), flush=True))
 
 
@@ -69,19 +71,29 @@ def _du_mb(path: Path) -> float:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**20
 
 
+def synthetic_lexicon() -> int:
+    import synthetic
+
+    return synthetic.LEXICON
+
+
 def main() -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=500_000)
     parser.add_argument("--merges", type=int, default=35_000)
+    parser.add_argument("--lexicon", type=int, default=synthetic_lexicon(),
+                        help="word ranks per side (default 1M, WMT14 en-de-like; 3M: a longer tail, as en-fr's)")
     parser.add_argument("--tokenizer", default="moses", choices=("moses", "sentencepiece"))
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     parser.add_argument("--work", type=Path, help="working folder (default: a temporary one, removed)")
     parser.add_argument("--keep", action="store_true", help="keep the working folder")
-    parser.add_argument("--prepare-worker", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--workers", type=int, default=0, help="nmt prepare's --workers (0: every core)")
+    parser.add_argument("--prepare-worker", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--train-worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.prepare_worker:
-        prepare_worker(args.prepare_worker[0], int(args.prepare_worker[1]), args.prepare_worker[2])
+        prepare_worker(args.prepare_worker[0], int(args.prepare_worker[1]), args.prepare_worker[2],
+                       int(args.prepare_worker[3]))
         return {}
     if args.train_worker:
         train_worker(*args.train_worker)
@@ -93,7 +105,7 @@ def main() -> dict:
     work.mkdir(parents=True, exist_ok=True)
     try:
         start = time.perf_counter()
-        synthetic.generate(work / "train", args.pairs, seed=1)
+        synthetic.generate(work / "train", args.pairs, seed=1, lexicon=args.lexicon)
         synthetic.generate(work / "valid", 3000, seed=2)
         synthetic.generate(work / "test", 3000, seed=3)
         generate_s = time.perf_counter() - start
@@ -101,7 +113,7 @@ def main() -> dict:
 
         start = time.perf_counter()
         child = subprocess.run([sys.executable, __file__, "--prepare-worker", str(work), str(args.merges),
-                                args.tokenizer], capture_output=True, text=True)
+                                args.tokenizer, str(args.workers)], capture_output=True, text=True)
         prepare_s = time.perf_counter() - start
         if child.returncode != 0:
             sys.exit(f"scale: nmt prepare failed: {child.stderr.strip().splitlines()[-1:]}")
@@ -120,7 +132,9 @@ def main() -> dict:
             shutil.rmtree(work, ignore_errors=True)
 
     result = {
-        "pairs": args.pairs, "merges": args.merges, "tokenizer": args.tokenizer, "generate_s": round(generate_s, 1),
+        "pairs": args.pairs, "lexicon": args.lexicon, "merges": args.merges, "tokenizer": args.tokenizer,
+        "workers": args.workers or os.cpu_count(),
+        "generate_s": round(generate_s, 1),
         "corpus_mb": round(corpus_mb, 1), "prepare_s": round(prepare_s, 1),
         "prepare_peak_rss_mb": round(prepare_peak, 1), "data_dir_mb": round(data_mb, 1),
         "train_first_update_s": round(train["train_first_update_s"], 1),

@@ -36,13 +36,14 @@ def _spell(rank: int, syllables: list[str]) -> str:
 
 
 class _Side:
-    def __init__(self, syllables: list[str]) -> None:
-        self.words = [_spell(r, syllables) for r in range(LEXICON)]
-        weights = 1.0 / np.arange(1, LEXICON + 1, dtype=np.float64) ** ZIPF_EXPONENT
+    def __init__(self, syllables: list[str], lexicon: int = LEXICON) -> None:
+        self.lexicon = lexicon
+        self.words = [_spell(r, syllables) for r in range(lexicon)]
+        weights = 1.0 / np.arange(1, lexicon + 1, dtype=np.float64) ** ZIPF_EXPONENT
         self.cdf = np.cumsum(weights / weights.sum())
 
     def sentences(self, rng: np.random.Generator, lengths: np.ndarray) -> list[str]:
-        ids = np.searchsorted(self.cdf, rng.random(int(lengths.sum())), side="right").clip(0, LEXICON - 1)
+        ids = np.searchsorted(self.cdf, rng.random(int(lengths.sum())), side="right").clip(0, self.lexicon - 1)
         punct = rng.random(len(lengths))
         commas = rng.random(int(lengths.sum())) < 0.06
         words, out, pos = self.words, [], 0
@@ -65,9 +66,11 @@ class _Side:
         return out
 
 
-def generate(prefix: str | Path, pairs: int, seed: int = 1, src: str = "en", tgt: str = "de") -> None:
-    """Write `prefix.src` and `prefix.tgt` with `pairs` lines each (same output for the same arguments)."""
-    source, target = _Side(_EN_SYLLABLES), _Side(_DE_SYLLABLES)
+def generate(prefix: str | Path, pairs: int, seed: int = 1, src: str = "en", tgt: str = "de",
+             lexicon: int = LEXICON) -> None:
+    """Write `prefix.src` and `prefix.tgt` with `pairs` lines each (same output for the same arguments); word
+    ranks from `lexicon` per side (a longer tail of types: WMT14 en-fr's 36M pairs with UN and giga-fren)."""
+    source, target = _Side(_EN_SYLLABLES, lexicon), _Side(_DE_SYLLABLES, lexicon)
     rng = np.random.default_rng(seed)
     Path(prefix).parent.mkdir(parents=True, exist_ok=True)
     with open(f"{prefix}.{src}", "w", encoding="utf-8") as fs, open(f"{prefix}.{tgt}", "w", encoding="utf-8") as ft:

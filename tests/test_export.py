@@ -17,7 +17,7 @@ from nmt_cli.export.engines import load_translator
 from nmt_cli.model.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from nmt_cli.model.transformer import Transformer, count_parameters
 
-from .conftest import expect_error, require_extra, run_cli, threshold
+from .conftest import REPO, expect_error, require_extra, run_cli, threshold
 
 ctranslate2 = require_extra("ctranslate2")  # an optional extra: skipped without it, except under CI
 
@@ -312,3 +312,29 @@ def test_ctranslate2_samples_prefixes_and_bans_repeats_and_refuses_constraints_i
     (tmp_path / "c.tsv").write_text("Hund\n", encoding="utf-8")
     expect_error(run_cli("translate", "-m", exported["float32"], "-i", tmp_path / "in.en", "--constraints",
                          tmp_path / "c.tsv"), "CTranslate2 has no lexical constraints")
+
+
+def test_workers_forked_after_a_dropped_ctranslate2_translator_do_not_hang(exported, tmp_path):
+    """A CTranslate2 translator dropped in a reference cycle, then `nmt prepare`'s workers forked: a worker
+    never collects what it inherited (the collector is frozen while workers fork), where the translator's
+    destructor would wait forever for its thread pool's threads, which do not exist in the child."""
+    script = tmp_path / "fork_after_ct2.py"
+    script.write_text(f"""
+import gc, sys
+sys.path.insert(0, {str(REPO)!r})
+from nmt_cli.data.workers import ordered_map
+from nmt_cli.export.ct2 import CTranslate2Translator
+
+class Holder:
+    pass
+
+gc.disable()  # the cycle stays uncollected until a worker's collection, as it may in any long process
+holder = Holder()
+holder.me = holder
+holder.translator = CTranslate2Translator.from_dir({str(exported["float32"])!r})
+holder.translator.translate(["A man."])
+del holder
+print(sum(ordered_map(lambda x: [gc.collect(), x][1], range(40), 2)))
+""", encoding="utf-8")
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "780", result.stderr[-2000:]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import multiprocessing as mp
 import os
 import pickle
@@ -19,6 +20,19 @@ _POLL_S = 0.5
 
 class WorkerDied(NmtError):
     """A worker process ended without returning its result (killed, or out of memory): one line, exit 2."""
+
+
+@contextlib.contextmanager
+def _frozen_garbage() -> Iterator[None]:
+    """While workers are forked: this process's objects moved out of the collector's reach (gc.freeze), so a
+    child never collects what it inherited. An object waiting in a reference cycle, such as a CTranslate2
+    translator a caller dropped, would otherwise be destroyed in the child, where its thread pool's threads do
+    not exist: the child hung in that destructor (seen in CI, after a test that used CTranslate2)."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def ordered_map(fn: Callable[[Any], Any], jobs: Iterable[Any], workers: int,
@@ -48,7 +62,7 @@ def ordered_map(fn: Callable[[Any], Any], jobs: Iterable[Any], workers: int,
     outboxes = [ctx.Queue() for _ in range(workers)]
     procs: list = []
     try:
-        with _ctrl_c_deferred():
+        with _ctrl_c_deferred(), _frozen_garbage():
             for w, ((reader, _), outbox) in enumerate(zip(inboxes, outboxes)):
                 inherited = [end for i, pair in enumerate(inboxes) for end in pair if not (i == w and end is reader)]
                 procs.append(ctx.Process(target=_serve, args=(fn, reader, outbox, inherited, initializer, initargs,
