@@ -487,7 +487,8 @@ class DecoderState:
 
 
 class Transformer(nn.Module):
-    """Encoder-decoder Transformer with one embedding matrix for source, target and output (section 3.4)."""
+    """Encoder-decoder Transformer with one embedding matrix for source, target and output (section 3.4), or, for
+    models made elsewhere, a target embedding and an output projection of their own (`ModelConfig`)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
