@@ -15,7 +15,7 @@ API = {
     "load_translator": "nmt_cli.export.engines",
     "attention_maps": "nmt_cli.model.attention",
     "plot_attention": "nmt_cli.model.attention",
-    "PrepareOptions": "nmt_cli.data.prepare",
+    "PrepareOptions": "nmt_cli.data.options",
     "prepare": "nmt_cli.data.prepare",
     "TrainOptions": "nmt_cli.training.options",
     "train": "nmt_cli.training.trainer",

@@ -4,7 +4,9 @@ Candidates: the best single checkpoint (by validation loss), the average of the 
 checkpoints for each N of --windows (those with more checkpoints than saved are left out), and the moving
 average of the weights (`nmt train --ema`) of the last numbered checkpoint, where the run kept one. Each is scored
 by sacreBLEU of its beam search on val at the first length penalty of --lenpens; the winner is then scored
-at the other length penalties. Ties keep the earlier candidate. Writes the chosen model to --out (atomically)
+at the other length penalties, and where the best of those lies at the edge of the grid (its largest, or its
+smallest above 0), the grid is widened by its own outer step until the best lies inside (at most --widen more).
+Ties keep the earlier candidate. Writes the chosen model to --out (atomically)
 and every score to --record (JSON), and prints one line per candidate.
 
     python recipes/select_on_val.py --ckpt-dir EXP/ckpt --src valid.raw.en --ref valid.raw.de \
@@ -38,8 +40,22 @@ def numbers(text: str, kind: type) -> list:
     return [kind(x) for x in text.replace(",", " ").split()]
 
 
+def next_lenpen(tried: dict[float, float]) -> float | None:
+    """The length penalty to try next, given the val BLEU of each tried so far (in the order tried; ties keep
+    the earlier): one outer step beyond the grid's edge where the best lies on it, else None."""
+    if len(tried) < 2:
+        return None
+    best = max(tried, key=lambda lenpen: tried[lenpen])
+    grid = sorted(tried)
+    if best == grid[-1]:
+        return round(grid[-1] + (grid[-1] - grid[-2]), 4)
+    if best == grid[0] and grid[0] > 0:
+        return max(0.0, round(grid[0] - (grid[1] - grid[0]), 4))
+    return None
+
+
 def select(ckpt_dir: Path, src: Path, ref: Path, windows: list[int], lenpens: list[float], beam: int,
-           out: Path, record: Path, precision: str = "fp32") -> dict:
+           out: Path, record: Path, precision: str = "fp32", widen: int = 4) -> dict:
     """Score the candidates on val, write the chosen model to `out` and the scores to `record`; return the record."""
     if not lenpens:
         raise NmtError("--lenpens: give at least one length penalty")
@@ -76,9 +92,17 @@ def select(ckpt_dir: Path, src: Path, ref: Path, windows: list[int], lenpens: li
             print(f"val BLEU {scores[-1]['bleu']:6.2f}  {name}, lenpen {lenpens[0]}", flush=True)
         chosen = max(range(len(scores)), key=lambda i: (scores[i]["bleu"], -i))
         name, path = candidates[chosen]
-        for lenpen in lenpens[1:]:
+        tried = {lenpens[0]: scores[chosen]["bleu"]}
+        queue = list(lenpens[1:])
+        while queue:
+            lenpen = queue.pop(0)
             scores.append({"model": name, "lenpen": lenpen, "bleu": bleu(path, lenpen)})
+            tried[lenpen] = scores[-1]["bleu"]
             print(f"val BLEU {scores[-1]['bleu']:6.2f}  {name}, lenpen {lenpen}", flush=True)
+            further = next_lenpen(tried) if not queue and widen > 0 else None
+            if further is not None and further not in tried:
+                widen -= 1
+                queue.append(further)
         pick = max((s for s in scores if s["model"] == name), key=lambda s: s["bleu"])
         result = {"model": name, "lenpen": pick["lenpen"], "val_bleu": pick["bleu"], "candidates": scores}
         with atomic_path(record) as staged:
@@ -99,6 +123,8 @@ def main() -> None:
     parser.add_argument("--ref", type=Path, required=True)
     parser.add_argument("--windows", default="3,5,8,10", help="average the last N checkpoints, for each N")
     parser.add_argument("--lenpens", default="0.6,1.0,1.4,2.0", help="length penalties; the first picks the model")
+    parser.add_argument("--widen", type=int, default=4,
+                        help="length penalties tried beyond the grid at most, while the best is on its edge")
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--out", type=Path, required=True)
@@ -106,7 +132,7 @@ def main() -> None:
     args = parser.parse_args()
     try:
         select(args.ckpt_dir, args.src, args.ref, numbers(args.windows, int), numbers(args.lenpens, float), args.beam,
-               args.out, args.record, args.precision)
+               args.out, args.record, args.precision, args.widen)
     except NmtError as e:
         print(f"select_on_val: {e}", file=sys.stderr)
         sys.exit(2)

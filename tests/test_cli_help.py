@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence  # noqa: F401 (a test's dataclass field is typed with it)
 
 import pytest
 
@@ -136,30 +137,61 @@ def test_a_config_file_sets_a_commands_options_and_flags_override_it(toy_data, t
     expect_error(run_cli("average", "--config", tmp_path / "list.yaml"), "list.yaml: expected a mapping")
 
 
-def test_train_and_prepare_flags_default_as_their_options_dataclass():
-    """A flag and the options field it fills (`TrainOptions`, `PrepareOptions`: what options.json records and a
-    resume compares) name one option: every field has its flag, with the field's default, unless the CLI says
-    "default: computed" (None) for it."""
+def test_each_option_is_declared_once_by_its_dataclass_field():
+    """`TrainOptions` and `PrepareOptions` (what options.json records and a resume compares) are the only
+    declaration of `nmt train`'s and `nmt prepare`'s flags: every field is a parameter of its command, with the
+    field's own help, and the commands have no other parameter but --config and --print-config."""
     import dataclasses
 
     from nmt_cli.data.prepare import PrepareOptions
+    from nmt_cli.option_fields import flag_of
     from nmt_cli.training.options import TrainOptions
 
-    internal = {"prepare": {"source_lang", "target_lang", "tokenizer_given", "tags", "workers", "tokenizer",
-                            "normalize", "train_weights"},  # filled from other flags (-s, --tag, ...)
-                "train": {"adam_betas"}}  # typed as text on the command line, parsed into the tuple
     for command, options in (("train", TrainOptions), ("prepare", PrepareOptions)):
         params = {p.name: p for p in COMMANDS[command].params}
-        for field in dataclasses.fields(options):
-            if field.name in internal[command]:
-                continue
-            assert field.name in params, (command, field.name)
-            if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
-                continue
-            default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
-            flag_default = params[field.name].default
-            flag_default = getattr(flag_default, "value", flag_default)  # an Enum choice
-            if isinstance(default, tuple):
-                default = list(default)
-            assert flag_default in (default, None) or (flag_default == [] and default == ()), (
-                command, field.name, flag_default, default)
+        declared = {f.name: flag_of(f) for f in dataclasses.fields(options)}
+        assert set(params) - {"config", "print_config", "help"} == set(declared), command
+        for name, flag in declared.items():
+            assert params[name].help == flag.help, (command, name)
+
+
+def test_options_command_turns_a_dataclass_into_flags():
+    """The flags `options_command` makes from declared fields: spellings and short names, a choice, text parsed
+    into the field's value, a repeatable flag (an empty tuple when not given), a switch pair, a field the flag
+    may leave out; --help shows each field's help; a value outside the choices is a usage error (exit 2)."""
+    from dataclasses import dataclass
+
+    import typer
+    from typer.testing import CliRunner
+
+    from nmt_cli.cli.flags import options_command
+    from nmt_cli.option_fields import option
+    from nmt_cli.training.options import parse_betas
+
+    @dataclass
+    class Demo:
+        name: str = option(decls=("--name", "-n"), unset=True, help="A name to greet.")
+        size: int = option(3, help="How many times.")
+        kind: str | None = option(None, choices=("plain", "loud"), help="How to greet.")
+        betas: tuple[float, float] = option((0.9, 0.98), parse=parse_betas, text="0.9,0.98", help="Two numbers.")
+        items: Sequence[str] = option((), decls=("--item",), type=list[str], help="Repeat for more.")
+        polite: bool = option(True, decls=("--polite/--rude",), help="Say please.")
+
+    seen = []
+    app = typer.Typer()
+
+    @app.command()
+    @options_command(Demo)
+    def demo(context: typer.Context, opts: Demo, values: dict) -> None:
+        seen.append(opts)
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["-n", "Ada", "--size", "5", "--kind", "loud", "--betas", "(0.5, 0.6)",
+                                 "--item", "a", "--item", "b", "--rude"])
+    assert result.exit_code == 0, result.output
+    assert runner.invoke(app, []).exit_code == 0
+    assert seen == [Demo("Ada", 5, "loud", (0.5, 0.6), ("a", "b"), False), Demo(None, 3, None, (0.9, 0.98), (), True)]
+    shown = squeeze(runner.invoke(app, ["--help"], env={"COLUMNS": "200"}).output)
+    for text in ("--name", "-n", "Anametogreet.", "[default:3]", "plain|loud", "--polite", "--rude", "0.9,0.98"):
+        assert text in shown, text
+    assert runner.invoke(app, ["--kind", "quiet"]).exit_code == 2

@@ -458,6 +458,23 @@ def test_select_on_val_weighs_the_moving_average_of_a_run_that_kept_one(toy_data
     assert any(not torch.equal(ema[k], load_checkpoint(last[-1])["model"][k]) for k in ema)  # a candidate of its own
 
 
+def test_select_on_val_widens_the_length_penalty_grid_while_the_best_is_on_its_edge():
+    """The grid 0.6..2.0 grows by its outer step while the best val score is at its largest (or smallest above
+    0) length penalty, and stops once the best lies inside; a tie keeps the penalty tried first."""
+    sys.path.insert(0, str(REPO / "recipes"))
+    try:
+        from select_on_val import next_lenpen
+    finally:
+        sys.path.remove(str(REPO / "recipes"))
+    rising = {0.6: 40.0, 1.0: 40.5, 1.4: 41.0, 2.0: 41.2}
+    assert next_lenpen(rising) == 2.6
+    assert next_lenpen({**rising, 2.6: 41.1}) is None  # 2.0 is inside now
+    assert next_lenpen({**rising, 2.6: 41.2}) is None  # a tie: 2.0, tried first, stays the best
+    assert next_lenpen({0.6: 42.0, 1.0: 41.0}) == 0.2
+    assert next_lenpen({0.2: 42.0, 0.6: 41.0}) == 0.0 and next_lenpen({0.0: 42.0, 0.5: 41.0}) is None
+    assert next_lenpen({0.6: 40.0}) is None  # one penalty: no grid to widen
+
+
 def test_select_on_val_bad_input(tmp_path):
     src, ref = tmp_path / "v.en", tmp_path / "v.de"
     src.write_text("a\nb\n")

@@ -2,83 +2,39 @@
 
 from __future__ import annotations
 
-import os
 import sys
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
-from nmt_cli.errors import NmtError
+from nmt_cli.data.options import PrepareOptions
 
 from .commandline import err, handle_errors
 from .config import ConfigFlag, PrintConfigFlag
-from .flags import RemoveCopiesFlag, RemoveDuplicatesFlag, SpmType, Tokenizer
+from .flags import extra_parameter, options_command
+
+# The options of nmt prepare that nmt binarize takes (its input is segmented already: no tokenizer, no BPE)
+BINARIZE_OPTIONS = ("source_lang", "target_lang", "train", "valid", "out", "test", "max_len", "max_ratio",
+                    "vocab_threshold", "force", "remove_duplicates", "remove_copies", "train_weights")
+BINARIZE_HELPS = {"source_lang": "Source language code (file suffix).",
+                  "target_lang": "Target language code (file suffix).",
+                  "train": "PREFIX of BPE-segmented training text; repeat for several corpora (see --train-weight).",
+                  "valid": "PREFIX of BPE-segmented validation text."}
 
 
 @handle_errors
-def prepare_cmd(
-    train: Annotated[list[str], typer.Option(
-        help="Training PREFIX: PREFIX.SRC and PREFIX.TGT, plain or .gz; repeat for several corpora (see "
-             "--train-weight).")],
-    valid: Annotated[str, typer.Option(help="Validation PREFIX.")],
-    out: Annotated[Path, typer.Option(help="Output data directory.")],
-    train_weight: Annotated[Optional[list[float]], typer.Option(
-        help="How often each pair of a corpus is seen per epoch of training, one weight per --train in order "
-             "[default: 1 each]; 2: twice, 0.5: half of them (drawn anew each epoch).", show_default=False)] = None,
-    source_lang: Annotated[Optional[str], typer.Option(
-        "--source-lang", "-s", help="Source language code (file suffix); with --from-model, the model's.")] = None,
-    target_lang: Annotated[Optional[str], typer.Option(
-        "--target-lang", "-t", help="Target language code (file suffix); with --from-model, the model's.")] = None,
-    test: Annotated[Optional[list[str]], typer.Option(help="Test PREFIX (repeatable).")] = None,
-    tokenizer: Annotated[Optional[Tokenizer], typer.Option(
-        help="moses: Moses tokenization + joint BPE (the paper's; default); sentencepiece: SentencePiece on raw "
-             "text (languages written without spaces, such as Chinese).")] = None,
-    bpe_merges: Annotated[int, typer.Option(help="Joint BPE merge operations (moses).")] = 10000,
-    vocab_size: Annotated[int, typer.Option(help="Shared vocabulary size (sentencepiece).")] = 8000,
-    spm_type: Annotated[SpmType, typer.Option(help="SentencePiece model: unigram or bpe.")] = SpmType.unigram,
-    spm_sample: Annotated[int, typer.Option(
-        help="SentencePiece learns from at most this many lines (both sides), drawn at random.")] = 1_000_000,
-    workers: Annotated[int, typer.Option(help="Worker processes (0: one per core).")] = 0,
-    max_len: Annotated[int, typer.Option(help="Drop training pairs with a side longer than this (BPE pieces).")] = 250,
-    max_ratio: Annotated[Optional[float], typer.Option(
-        help="Drop training pairs whose length ratio (in pieces) exceeds this [default: 1.5; off between a CJK "
-             "language and one that is not]", show_default=False)] = None,
-    vocab_threshold: Annotated[int, typer.Option(help="Keep BPE pieces seen at least this often.")] = 1,
-    force: Annotated[bool, typer.Option(help="Replace a data dir nmt made at --out (nothing else).")] = False,
-    normalize_punctuation: Annotated[bool, typer.Option(
-        help="Normalize punctuation (Moses) and remove non-printing characters before tokenizing, as fairseq's "
-             "WMT14 script does; stored with the model, so translate does the same.")] = False,
-    from_model: Annotated[Optional[Path], typer.Option(
-        help="Fine-tuning data: segment and binarize with this model's languages, normalization, tokenizer (BPE "
-             "codes or SentencePiece model) and vocabulary, for nmt train --init-from.")] = None,
-    tag: Annotated[Optional[list[str]], typer.Option(
-        help="A word that may begin a line and stays one vocabulary symbol, untokenized (repeatable): a tag "
-             "such as <BT> on back-translated sources; stored with the model.")] = None,
-    quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
-    langid: Annotated[Optional[float], typer.Option(
-        help="Drop training pairs whose sides are not identified as -s and -t with at least this probability "
-             "(py3langid, offline; pip install py3langid) [default: off]", show_default=False)] = None,
-    remove_duplicates: RemoveDuplicatesFlag = True,
-    remove_copies: RemoveCopiesFlag = True,
-    config: ConfigFlag = None,
-    print_config: PrintConfigFlag = False,
-) -> None:
+@options_command(PrepareOptions, extra=(extra_parameter("config", ConfigFlag, None),
+                                        extra_parameter("print_config", PrintConfigFlag, False)))
+def prepare_cmd(context: typer.Context, opts: PrepareOptions, values: dict[str, Any]) -> None:
     """Moses-tokenize and learn joint BPE (or learn SentencePiece), apply it, build a shared vocabulary and
     binarize: raw text in, data dir out."""
-    from nmt_cli.data.prepare import PrepareOptions, corpora_table, prepare, summary_line
+    from nmt_cli.data.prepare import corpora_table, prepare, summary_line
 
-    if from_model is None and (not source_lang or not target_lang):
-        raise NmtError("--source-lang/-s and --target-lang/-t are required (unless --from-model gives them)")
-    meta = prepare(PrepareOptions(source_lang or "", target_lang or "", train, valid, out, test or [], bpe_merges,
-                                  workers if workers != 0 else (os.cpu_count() or 1), max_len, max_ratio,
-                                  vocab_threshold, force, quiet, normalize_punctuation, from_model,
-                                  tokenizer.value if tokenizer else "moses", vocab_size, spm_type.value, spm_sample,
-                                  tokenizer_given=tokenizer is not None, tags=tuple(tag or ()),
-                                  remove_duplicates=remove_duplicates, remove_copies=remove_copies,
-                                  train_weights=tuple(train_weight or ()), langid=langid))
-    if not quiet:
-        err.print(summary_line(meta, out), highlight=False)
+    meta = prepare(opts)
+    if not opts.quiet:
+        err.print(summary_line(meta, opts.out), highlight=False)
         table = corpora_table(meta)
         if table is not None:
             err.print(table)
@@ -125,28 +81,16 @@ def apply_bpe_cmd(
             sys.stdout.write(convert(line) + "\n")
 
 
+CodesFlag = Annotated[Optional[Path], typer.Option(help="BPE codes to store with the data (for nmt translate).")]
+
+
 @handle_errors
-def binarize_cmd(
-    source_lang: Annotated[str, typer.Option("--source-lang", "-s", help="Source language code (file suffix).")],
-    target_lang: Annotated[str, typer.Option("--target-lang", "-t", help="Target language code (file suffix).")],
-    train: Annotated[str, typer.Option(help="PREFIX of BPE-segmented training text.")],
-    valid: Annotated[str, typer.Option(help="PREFIX of BPE-segmented validation text.")],
-    out: Annotated[Path, typer.Option(help="Output data directory.")],
-    codes: Annotated[Optional[Path], typer.Option(help="BPE codes to store with the data (for nmt translate).")] = None,
-    test: Annotated[Optional[list[str]], typer.Option(help="Test PREFIX (repeatable).")] = None,
-    max_len: Annotated[int, typer.Option(help="Drop training pairs with a side longer than this (BPE pieces).")] = 250,
-    max_ratio: Annotated[float, typer.Option(help="Drop training pairs whose length ratio exceeds this.")] = 1.5,
-    vocab_threshold: Annotated[int, typer.Option(help="Keep BPE pieces seen at least this often.")] = 1,
-    force: Annotated[bool, typer.Option(help="Replace a data dir nmt made at --out (nothing else).")] = False,
-    remove_duplicates: RemoveDuplicatesFlag = True,
-    remove_copies: RemoveCopiesFlag = True,
-) -> None:
+@options_command(PrepareOptions, only=BINARIZE_OPTIONS, helps=BINARIZE_HELPS,
+                 extra=(extra_parameter("codes", CodesFlag, None),))
+def binarize_cmd(context: typer.Context, opts: PrepareOptions, values: dict[str, Any]) -> None:
     """Build a trainable data dir from your own tokenized + BPE text (vocabulary from train, meta.json last)."""
-    from nmt_cli.data.prepare import PrepareOptions, binarize_segmented
+    from nmt_cli.data.prepare import binarize_segmented
     from nmt_cli.text.moses import read_codes
 
-    code_text = read_codes(codes) if codes is not None else ""
-    binarize_segmented(PrepareOptions(source_lang, target_lang, train, valid, out, test or [], max_len=max_len,
-                                      max_ratio=max_ratio, vocab_threshold=vocab_threshold, force=force,
-                                      quiet=True, workers=os.cpu_count() or 1, remove_duplicates=remove_duplicates,
-                                      remove_copies=remove_copies), code_text)
+    codes = values["codes"]
+    binarize_segmented(replace(opts, quiet=True), read_codes(codes) if codes is not None else "")

@@ -19,8 +19,8 @@ import shutil
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from importlib.metadata import PackageNotFoundError, version
 from itertools import islice
 from pathlib import Path
@@ -30,7 +30,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from nmt_cli.errors import NmtError
 from nmt_cli.text import moses as text
 from nmt_cli.text.bpe import learn_bpe_codes
-from nmt_cli.text.languages import is_chinese, is_cjk
+from nmt_cli.text.languages import is_chinese
 from nmt_cli.text.segment import (
     CHARACTER_COVERAGE,
     SPM_TYPES,
@@ -54,76 +54,13 @@ from nmt_cli.textio import (
 )
 
 from .binarized import CORPUS_FILE, BinarizedWriter, token_dtype
+from .options import MAX_RATIO, PrepareOptions  # noqa: F401 (the options' home is options.py)
 from .workers import ordered_map
 
 CHUNK = 2000  # lines per work unit; fixed so that output never depends on the worker count
 MAX_POSITIONS = 1024  # the model's positions (ModelConfig.max_positions): a sentence plus </s> must fit
-MAX_RATIO = 1.5  # Moses clean-corpus-n's length ratio, for pairs written in the same kind of script
 # A filter that drops more than this share of the training pairs says so on stderr, not only in its summary.
 LOUD_DROP_SHARE = 0.05
-
-
-@dataclass
-class PrepareOptions:
-    """Everything `nmt prepare` needs; mirrors its command-line flags."""
-
-    source_lang: str
-    target_lang: str
-    train: str | Sequence[str]  # one training PREFIX, or several corpora (`train_weights`)
-    valid: str
-    out: Path
-    test: Sequence[str] = ()
-    bpe_merges: int = 10000
-    workers: int = field(default_factory=lambda: os.cpu_count() or 1)
-    max_len: int = 250
-    max_ratio: float | None = None  # None: 1.5, or off between a CJK language and one that is not
-    vocab_threshold: int = 1
-    force: bool = False
-    quiet: bool = False
-    normalize: bool = False  # Moses punctuation normalization + removal of non-printing characters
-    from_model: Path | None = None  # segment with this model's normalization, BPE codes and vocabulary
-    tokenizer: str = "moses"  # or "sentencepiece"
-    vocab_size: int = 8000  # SentencePiece only (see docs/design.md for why 8,000)
-    spm_type: str = "unigram"
-    spm_sample: int = 1_000_000  # SentencePiece learns from at most this many lines, drawn at random
-    tokenizer_given: bool = False  # --tokenizer was on the command line (checked against --from-model's)
-    tags: Sequence[str] = ()  # words that may begin a line, kept as one symbol (a back-translation tag: <BT>)
-    remove_duplicates: bool = True  # training pairs seen before (both sides equal after segmentation)
-    remove_copies: bool = True  # training pairs whose source equals their target (untranslated)
-    # Per training corpus, in --train's order: how often `nmt train` sees each of its pairs per epoch (1 each)
-    train_weights: Sequence[float] = ()
-    # Language identification of both sides of each training pair (py3langid): a pair is kept when each side is
-    # identified as its language with at least this probability; None: off
-    langid: float | None = None
-
-    @property
-    def train_prefixes(self) -> list[str]:
-        """The training corpora's PREFIXes, in order."""
-        return [self.train] if isinstance(self.train, str) else list(self.train)
-
-    def corpora(self) -> list[dict]:
-        """Each training corpus's name (its PREFIX's file name, numbered where two share one), PREFIX and
-        weight; one line for weights that do not match the corpora."""
-        prefixes = self.train_prefixes
-        weights = list(self.train_weights) or [1.0] * len(prefixes)
-        if len(weights) != len(prefixes):
-            raise NmtError(f"--train-weight given {len(weights)} times for {len(prefixes)} --train corpora: give one "
-                           "per --train, in the same order")
-        bad = [w for w in weights if not (w > 0 and w < float("inf"))]
-        if bad:
-            raise NmtError(f"--train-weight {bad[0]}: a weight is a positive number (1: each pair once per epoch)")
-        names: list[str] = []
-        for prefix in prefixes:
-            base = Path(prefix).name or "train"
-            names.append(base if base not in names else f"{base}#{len(names) + 1}")
-        return [{"name": n, "prefix": str(p), "weight": float(w)} for n, p, w in zip(names, prefixes, weights)]
-
-    def ratio_limit(self) -> float | None:
-        """The length-ratio filter in effect: --max-ratio, or by default 1.5, except between a CJK language and
-        one that is not, where piece counts of the two sides are not comparable (off)."""
-        if self.max_ratio is not None:
-            return self.max_ratio
-        return None if is_cjk(self.source_lang) != is_cjk(self.target_lang) else MAX_RATIO
 
 
 def resolve_side(prefix: str, lang: str) -> Path:
@@ -403,6 +340,18 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
+def resolved_options(opts: PrepareOptions, from_model: bool = True) -> PrepareOptions:
+    """The options with what they leave to be computed filled in: every core for --workers 0, Moses for no
+    --tokenizer; one line where no languages are given (which only `from_model`, the command's --from-model
+    flag, may give)."""
+    if not opts.source_lang or not opts.target_lang:
+        unless = " (unless --from-model gives them)" if from_model else ""
+        raise NmtError(f"--source-lang/-s and --target-lang/-t are required{unless}")
+    if opts.workers < 0:
+        raise NmtError(f"--workers must be at least 1, or 0 for all cores (got {opts.workers})")
+    return replace(opts, workers=opts.workers or os.cpu_count() or 1, tokenizer=opts.tokenizer or "moses")
+
+
 def _check_options(opts: PrepareOptions) -> Path:
     if opts.bpe_merges < 1:
         raise NmtError(f"--bpe-merges must be at least 1 (got {opts.bpe_merges})")
@@ -422,8 +371,6 @@ def _check_options(opts: PrepareOptions) -> Path:
     check_langid(opts)
     if opts.vocab_threshold < 1:
         raise NmtError(f"--vocab-threshold must be at least 1 (got {opts.vocab_threshold})")
-    if opts.workers < 1:
-        raise NmtError(f"--workers must be at least 1, or 0 for all cores (got {opts.workers})")
     if opts.source_lang == opts.target_lang:
         raise NmtError(f"source and target language are both {opts.source_lang!r}")
     check_tags(opts.tags)
@@ -470,6 +417,7 @@ def prepare(opts: PrepareOptions, on_stage: Callable[[dict], None] | None = None
     if opts.from_model is not None:  # the model's languages, tokenizer, codes or SentencePiece model, vocabulary
         opts, made = _model_preprocessing(opts)
         model = (made.codes, made.sentencepiece, made.vocab)
+    opts = resolved_options(opts)
     out = _check_options(opts)
     inputs = _split_inputs(opts)
     sentencepiece = opts.tokenizer == "sentencepiece"
@@ -548,7 +496,7 @@ def _model_preprocessing(opts: PrepareOptions) -> tuple[PrepareOptions, FromMode
                        f"not {given[0]}->{given[1]}")
     tokenizer = state.get("tokenizer") or {}
     name = tokenizer.get("name", "moses")
-    if opts.tokenizer_given and opts.tokenizer != name:
+    if opts.tokenizer is not None and opts.tokenizer != name:
         raise NmtError(f"{opts.from_model}: the model was trained with --tokenizer {name}, not {opts.tokenizer}")
     opts = replace(opts, source_lang=state["source_lang"], target_lang=state["target_lang"], tokenizer=name,
                    normalize=bool(tokenizer.get("normalize_punctuation", False)),
@@ -570,6 +518,7 @@ def _model_preprocessing(opts: PrepareOptions) -> tuple[PrepareOptions, FromMode
 
 def binarize_segmented(opts: PrepareOptions, codes: str) -> dict:
     """`nmt binarize`: your own tokenized + BPE text -> data dir; valid/test raw text is derived from it."""
+    opts = resolved_options(opts, from_model=False)
     out = _check_options(opts)
     inputs = _split_inputs(opts)
     tokenizer = _tokenizer_meta(replace(opts, tokenizer="moses", normalize=False))

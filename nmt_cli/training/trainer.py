@@ -15,6 +15,7 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import closing, nullcontext, suppress
 from dataclasses import asdict, fields, replace
 from pathlib import Path
+from typing import get_args, get_type_hints
 
 import numpy as np
 import torch
@@ -218,13 +219,14 @@ def kept_run_options(opts: TrainOptions, given: Collection[str]) -> TrainOptions
     except ValueError:
         return opts  # written by a killed run mid-way: nothing to keep
     kept = {}
+    types = get_type_hints(TrainOptions)
     for f in fields(TrainOptions):
         if f.name in given or f.name in NOT_KEPT_ON_RESUME or f.name not in stored:
             continue
         if f.name == "lr" and "lr_scale" in given:  # the two name one rate: the one given replaces the run's
             continue
         value = stored[f.name]
-        if value is not None and f.name in ("tensorboard", "init_from"):
+        if value is not None and Path in (types[f.name], *get_args(types[f.name])):  # JSON keeps a path as text
             value = Path(value)
         kept[f.name] = tuple(value) if isinstance(value, list) else value
     return replace(opts, **kept)
@@ -926,5 +928,7 @@ def _clock(seconds: float) -> str:
 
 def train(opts: TrainOptions) -> dict:
     """Train (or resume) a model as `opts` says; return the final progress record."""
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
     size_kernel_cache(TRAINING_KERNEL_CACHE)
     return Trainer(opts).run()
