@@ -26,6 +26,7 @@ P_IO = "Input and output"
 P_SEARCH = "Search"
 P_STEER = "Sampling, prefixes and constraints"
 
+
 @dataclass(frozen=True)
 class Flag:
     """How one field appears on the command line."""

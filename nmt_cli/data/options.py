@@ -63,10 +63,10 @@ class PrepareOptions:
     remove_copies: bool = option(True, decls=("--remove-copies/--keep-copies",), help=(
         "Drop a training pair whose source equals its target (untranslated)."))
     # Per training corpus, in --train's order: how often `nmt train` sees each of its pairs per epoch (1 each)
-    train_weights: Sequence[float] = option((), decls=("--train-weight",), type=list[float], show_default=False,
-                                            help=(
-        "How often each pair of a corpus is seen per epoch of training, one weight per --train in order "
-        "[default: 1 each]; 2: twice, 0.5: half of them (drawn anew each epoch)."))
+    train_weights: Sequence[float] = option(
+        (), decls=("--train-weight",), type=list[float], show_default=False, help=(
+            "How often each pair of a corpus is seen per epoch of training, one weight per --train in order "
+            "[default: 1 each]; 2: twice, 0.5: half of them (drawn anew each epoch)."))
     # Language identification of both sides of each training pair (py3langid): a pair is kept when each side is
     # identified as its language with at least this probability; None: off
     langid: float | None = option(None, show_default=False, help=(
