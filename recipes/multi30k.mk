@@ -22,6 +22,9 @@ COOLDOWN       ?= 0.3
 ATTENTION_DROPOUT  ?= 0.1
 ACTIVATION_DROPOUT ?= 0.1
 LABEL_SMOOTHING ?= 0.2
+# A moving average of the weights (nmt train --ema): one more candidate for the choice on val; training is the same.
+EMA            ?= 0.999
+SEED           ?= 1
 TRAIN_MINUTES  ?= 60
 # The 60 minutes make a host-dependent number of updates; MAX_UPDATES=N TRAIN_MINUTES=0 trains N updates on any
 # machine (the cool-down then spans the last 30% of the updates), to reproduce a published row.
@@ -67,7 +70,7 @@ $(EXP)/ckpt/.done: $(EXP)/data/meta.json
 	  --max-updates $(MAX_UPDATES) \
 	  --cooldown $(COOLDOWN) --attention-dropout $(ATTENTION_DROPOUT) \
 	  --activation-dropout $(ACTIVATION_DROPOUT) --label-smoothing $(LABEL_SMOOTHING) \
-	  --keep-last $(KEEP_LAST) --seed 1 --device cpu $(TRAIN_FLAGS)
+	  --keep-last $(KEEP_LAST) --ema $(EMA) --seed $(SEED) --device cpu $(TRAIN_FLAGS)
 	@touch $@
 
 # Chosen on val only (recipes/select_on_val.py): the best single checkpoint or the average of the last N

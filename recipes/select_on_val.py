@@ -2,7 +2,8 @@
 
 Candidates: the best single checkpoint (by validation loss), the average of the last N numbered
 checkpoints for each N of --windows (those with more checkpoints than saved are left out), and the moving
-average of the weights (`nmt train --ema`) of the last numbered checkpoint, where the run kept one. Each is scored
+average of the weights (`nmt train --ema`) of the last numbered checkpoint, where the run kept one (unless
+--no-ema: what the choice would be without it, the same training). Each is scored
 by sacreBLEU of its beam search on val at the first length penalty of --lenpens; the winner is then scored
 at the other length penalties, and where the best of those lies at the edge of the grid (its largest, or its
 smallest above 0), the grid is widened by its own outer step until the best lies inside (at most --widen more).
@@ -55,7 +56,7 @@ def next_lenpen(tried: dict[float, float]) -> float | None:
 
 
 def select(ckpt_dir: Path, src: Path, ref: Path, windows: list[int], lenpens: list[float], beam: int,
-           out: Path, record: Path, precision: str = "fp32", widen: int = 4) -> dict:
+           out: Path, record: Path, precision: str = "fp32", widen: int = 4, ema: bool = True) -> dict:
     """Score the candidates on val, write the chosen model to `out` and the scores to `record`; return the record."""
     if not lenpens:
         raise NmtError("--lenpens: give at least one length penalty")
@@ -81,7 +82,7 @@ def select(ckpt_dir: Path, src: Path, ref: Path, windows: list[int], lenpens: li
                 path = Path(tmp) / f"last{n}.pt"
                 save_checkpoint(average_checkpoints(numbered[-n:]), path)
                 candidates.append((f"average of last {n}", path))
-        if numbered and load_checkpoint(numbered[-1]).get("ema"):
+        if ema and numbered and load_checkpoint(numbered[-1]).get("ema"):
             path = Path(tmp) / "ema.pt"
             save_checkpoint(average_checkpoints(numbered[-1:], ema=True), path)
             candidates.append(("moving average (--ema)", path))
@@ -125,6 +126,8 @@ def main() -> None:
     parser.add_argument("--lenpens", default="0.6,1.0,1.4,2.0", help="length penalties; the first picks the model")
     parser.add_argument("--widen", type=int, default=4,
                         help="length penalties tried beyond the grid at most, while the best is on its edge")
+    parser.add_argument("--no-ema", dest="ema", action="store_false",
+                        help="leave the moving average of the weights out of the candidates")
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--out", type=Path, required=True)
@@ -132,7 +135,7 @@ def main() -> None:
     args = parser.parse_args()
     try:
         select(args.ckpt_dir, args.src, args.ref, numbers(args.windows, int), numbers(args.lenpens, float), args.beam,
-               args.out, args.record, args.precision, args.widen)
+               args.out, args.record, args.precision, args.widen, args.ema)
     except NmtError as e:
         print(f"select_on_val: {e}", file=sys.stderr)
         sys.exit(2)

@@ -368,7 +368,8 @@ def test_multi30k_recipe_end_to_end(tmp_path):
     assert "chrf" in result.stdout
     # model and length penalty chosen on val: every candidate scored, the winner among them
     selection = json.loads((exp / "selection.json").read_text())
-    assert {c["model"] for c in selection["candidates"]} == {"best single", "average of last 1", "average of last 3"}
+    assert {c["model"] for c in selection["candidates"]} == {"best single", "average of last 1", "average of last 3",
+                                                             "moving average (--ema)"}  # the recipe's EMA=0.999
     # the grid, and outward steps of 0.4 where val's best lay on its edge
     tried = {c["lenpen"] for c in selection["candidates"] if c["model"] == selection["model"]}
     assert {0.6, 1.0} <= tried <= {0.0, 0.2, 0.6, 1.0, 1.4, 1.8, 2.2, 2.6}
@@ -458,6 +459,10 @@ def test_select_on_val_weighs_the_moving_average_of_a_run_that_kept_one(toy_data
     assert all(torch.equal(shipped[k], expected[k]) for k in expected)
     ema = load_checkpoint(last[-1])["ema"]
     assert any(not torch.equal(ema[k], load_checkpoint(last[-1])["model"][k]) for k in ema)  # a candidate of its own
+    # --no-ema: the choice the same run would make without it, the other candidates scored as before
+    without = select(save, raw / "valid.en", raw / "valid.de", [2], [0.6], 2, tmp_path / "model-no-ema.pt",
+                     tmp_path / "selection-no-ema.json", ema=False)
+    assert without["candidates"] == [c for c in result["candidates"] if c["model"] != "moving average (--ema)"]
 
 
 def test_select_on_val_widens_the_length_penalty_grid_while_the_best_is_on_its_edge():
