@@ -143,3 +143,11 @@ multi30k-distill: $(TEACHER) $(M30K_RAW)/.done
 	  --src $(SRC) --tgt $(TGT) --student $(STUDENT) --minutes $(DISTILL_MINUTES) --max-updates $(MAX_UPDATES) \
 	  --bpe-merges $(BPE_MERGES) --precision $(PRECISION) --nmt "$(NMT)" --train-flags "--max-tokens $(MAX_TOKENS) \
 	  --lr-scale $(LR_SCALE) --warmup $(DISTILL_WARMUP) --cooldown $(COOLDOWN) --label-smoothing $(LABEL_SMOOTHING) $(TRAIN_FLAGS)"
+
+# What each part of the choice on val is worth for the run in EXP (recipes/selection_levers.py): the choice made
+# with the recipe's candidates, without the moving average, with one model alone, on the fixed grid; each scored
+# on test (BLEU, chrF2, lc-bleu). EXP/levers.json holds the rows.
+.PHONY: multi30k-levers
+multi30k-levers: $(EXP)/ckpt/.done
+	$(BIN)/python recipes/selection_levers.py --ckpt-dir $(EXP)/ckpt --data $(EXP)/data \
+	  --windows "$(AVERAGE_WINDOWS)" --lenpens "$(LENPENS)" --beam $(BEAM) --record $(EXP)/levers.json

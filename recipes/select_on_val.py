@@ -20,6 +20,7 @@ import argparse
 import json
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from nmt_cli.decode.score import score
@@ -34,6 +35,8 @@ from nmt_cli.model.checkpoint import (
     with_decoding,
 )
 from nmt_cli.textio import atomic_path, read_lines
+
+MOVING_AVERAGE = "moving average (--ema)"
 
 
 def numbers(text: str, kind: type) -> list:
@@ -55,56 +58,88 @@ def next_lenpen(tried: dict[float, float]) -> float | None:
     return None
 
 
+def candidates(ckpt_dir: Path, windows: list[int], ema: bool, tmp: Path) -> list[tuple[str, Path]]:
+    """The models to choose among, as (name, path): the best single checkpoint, the average of the last N
+    numbered checkpoints for each N of `windows` that the run saved, and the moving average of the last one where
+    the run kept one and `ema` asks for it; the averages are written into `tmp`."""
+    best = ckpt_dir / "checkpoint_best.pt"
+    numbered = numbered_checkpoints(ckpt_dir)
+    if not best.exists() and not numbered:
+        raise NmtError(f"{ckpt_dir}: no checkpoints to choose from")
+    found = [("best single", best)] if best.exists() else []
+    for n in windows:
+        if n <= len(numbered):
+            path = tmp / f"last{n}.pt"
+            save_checkpoint(average_checkpoints(numbered[-n:]), path)
+            found.append((f"average of last {n}", path))
+    if ema and numbered and load_checkpoint(numbered[-1]).get("ema"):
+        path = tmp / "ema.pt"
+        save_checkpoint(average_checkpoints(numbered[-1:], ema=True), path)
+        found.append((MOVING_AVERAGE, path))
+    if not found:
+        raise NmtError(f"{ckpt_dir}: no checkpoint_best.pt and fewer numbered checkpoints than --windows asks")
+    return found
+
+
+def choose(names: list[str], lenpens: list[float], widen: int, bleu: Callable[[str, float], float],
+           report: Callable[[dict], None] = lambda score: None) -> tuple[dict, list[dict]]:
+    """The model (by name) and length penalty val prefers, and every score taken: each model at the first length
+    penalty, then the winner at the others, the grid widened outward (at most `widen` more) while its best lies
+    on the edge. `bleu(name, lenpen)` scores on val; ties keep the earlier model or penalty."""
+    if not lenpens:
+        raise NmtError("--lenpens: give at least one length penalty")
+    scores: list[dict] = []
+
+    def take(name: str, lenpen: float) -> float:
+        scores.append({"model": name, "lenpen": lenpen, "bleu": bleu(name, lenpen)})
+        report(scores[-1])
+        return scores[-1]["bleu"]
+
+    for name in names:
+        take(name, lenpens[0])
+    name = names[max(range(len(names)), key=lambda i: (scores[i]["bleu"], -i))]
+    tried = {lenpens[0]: scores[names.index(name)]["bleu"]}
+    queue = list(lenpens[1:])
+    while queue:
+        lenpen = queue.pop(0)
+        tried[lenpen] = take(name, lenpen)
+        further = next_lenpen(tried) if not queue and widen > 0 else None
+        if further is not None and further not in tried:
+            widen -= 1
+            queue.append(further)
+    pick = max((s for s in scores if s["model"] == name), key=lambda s: s["bleu"])
+    return pick, scores
+
+
+def val_bleu(path: Path, sources: list[str], refs: list[str], beam: int, lenpen: float, precision: str) -> float:
+    """sacreBLEU of the model's beam search on val, run as `nmt translate` runs it."""
+    translator = Translator.from_checkpoint(path, precision=precision, workers=0)
+    hyps = translator.translate(sources, beam=beam, lenpen=lenpen)
+    return score(hyps, [refs], metrics=("bleu",), lang=translator.target_lang)[0]["score"]
+
+
+def read_pairs(src: Path, ref: Path) -> tuple[list[str], list[str]]:
+    """The source and reference lines of a set, one line when their counts differ."""
+    sources, refs = read_lines(src), read_lines(ref)
+    if len(sources) != len(refs):
+        raise NmtError(f"{src} has {len(sources)} lines but {ref} has {len(refs)}")
+    return sources, refs
+
+
 def select(ckpt_dir: Path, src: Path, ref: Path, windows: list[int], lenpens: list[float], beam: int,
            out: Path, record: Path, precision: str = "fp32", widen: int = 4, ema: bool = True) -> dict:
     """Score the candidates on val, write the chosen model to `out` and the scores to `record`; return the record."""
     if not lenpens:
         raise NmtError("--lenpens: give at least one length penalty")
-    sources, refs = read_lines(src), read_lines(ref)
-    if len(sources) != len(refs):
-        raise NmtError(f"{src} has {len(sources)} lines but {ref} has {len(refs)}")
-    best = ckpt_dir / "checkpoint_best.pt"
-    numbered = numbered_checkpoints(ckpt_dir)
-    if not best.exists() and not numbered:
-        raise NmtError(f"{ckpt_dir}: no checkpoints to choose from")
-
-    def bleu(path: Path, lenpen: float) -> float:
-        translator = Translator.from_checkpoint(path, precision=precision, workers=0)  # as `nmt translate` runs
-        hyps = translator.translate(sources, beam=beam, lenpen=lenpen)
-        return score(hyps, [refs], metrics=("bleu",), lang=translator.target_lang)[0]["score"]
-
-    scores: list[dict] = []
+    sources, refs = read_pairs(src, ref)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        candidates = [("best single", best)] if best.exists() else []
-        for n in windows:
-            if n <= len(numbered):
-                path = Path(tmp) / f"last{n}.pt"
-                save_checkpoint(average_checkpoints(numbered[-n:]), path)
-                candidates.append((f"average of last {n}", path))
-        if ema and numbered and load_checkpoint(numbered[-1]).get("ema"):
-            path = Path(tmp) / "ema.pt"
-            save_checkpoint(average_checkpoints(numbered[-1:], ema=True), path)
-            candidates.append(("moving average (--ema)", path))
-        if not candidates:
-            raise NmtError(f"{ckpt_dir}: no checkpoint_best.pt and fewer numbered checkpoints than --windows asks")
-        for name, path in candidates:
-            scores.append({"model": name, "lenpen": lenpens[0], "bleu": bleu(path, lenpens[0])})
-            print(f"val BLEU {scores[-1]['bleu']:6.2f}  {name}, lenpen {lenpens[0]}", flush=True)
-        chosen = max(range(len(scores)), key=lambda i: (scores[i]["bleu"], -i))
-        name, path = candidates[chosen]
-        tried = {lenpens[0]: scores[chosen]["bleu"]}
-        queue = list(lenpens[1:])
-        while queue:
-            lenpen = queue.pop(0)
-            scores.append({"model": name, "lenpen": lenpen, "bleu": bleu(path, lenpen)})
-            tried[lenpen] = scores[-1]["bleu"]
-            print(f"val BLEU {scores[-1]['bleu']:6.2f}  {name}, lenpen {lenpen}", flush=True)
-            further = next_lenpen(tried) if not queue and widen > 0 else None
-            if further is not None and further not in tried:
-                widen -= 1
-                queue.append(further)
-        pick = max((s for s in scores if s["model"] == name), key=lambda s: s["bleu"])
+        paths = dict(candidates(ckpt_dir, windows, ema, Path(tmp)))
+        pick, scores = choose(
+            list(paths), lenpens, widen,
+            lambda name, lenpen: val_bleu(paths[name], sources, refs, beam, lenpen, precision),
+            lambda s: print(f"val BLEU {s['bleu']:6.2f}  {s['model']}, lenpen {s['lenpen']}", flush=True))
+        name = pick["model"]
         result = {"model": name, "lenpen": pick["lenpen"], "val_bleu": pick["bleu"], "candidates": scores}
         with atomic_path(record) as staged:
             staged.write_text(json.dumps(result, indent=2) + "\n")
@@ -112,7 +147,7 @@ def select(ckpt_dir: Path, src: Path, ref: Path, windows: list[int], lenpens: li
         # Without the optimizer state (a third the size), with the settings chosen here, which translate, serve
         # and the exports then use unless told otherwise.
         chosen = f"chosen on val: BLEU {pick['bleu']:.2f}"
-        save_checkpoint(with_decoding(model_only(load_checkpoint(path)), beam, pick["lenpen"], chosen), out)
+        save_checkpoint(with_decoding(model_only(load_checkpoint(paths[name])), beam, pick["lenpen"], chosen), out)
     print(f"chosen on val: {name}, lenpen {pick['lenpen']} (val BLEU {pick['bleu']:.2f})")
     return result
 

@@ -464,6 +464,30 @@ def test_select_on_val_weighs_the_moving_average_of_a_run_that_kept_one(toy_data
                      tmp_path / "selection-no-ema.json", ema=False)
     assert without["candidates"] == [c for c in result["candidates"] if c["model"] != "moving average (--ema)"]
 
+    # selection_levers: the same choices, row by row, each scored on test. Test is a copy of val here, so each
+    # row's test scores must be its val scores: the rows score what they chose.
+    sys.path.insert(0, str(REPO / "recipes"))
+    try:
+        from selection_levers import levers
+    finally:
+        sys.path.remove(str(REPO / "recipes"))
+    data = tmp_path / "data"
+    shutil.copytree(toy_data, data)
+    for lang in ("en", "de"):
+        shutil.copy(data / f"valid.raw.{lang}", data / f"test.raw.{lang}")
+    rows = {r["row"]: r for r in levers(save, data, [2], [0.6, 1.0], 2, tmp_path / "levers.json")}
+    for row, ema in (("recipe: all candidates, grid widened", True), ("without the moving average", False)):
+        chosen = select(save, raw / "valid.en", raw / "valid.de", [2], [0.6, 1.0], 2, tmp_path / "m.pt",
+                        tmp_path / "s.json", ema=ema)
+        assert (rows[row]["model"], rows[row]["lenpen"], rows[row]["val_bleu"]) == (
+            chosen["model"], chosen["lenpen"], chosen["val_bleu"])
+    assert {r["model"] for r in rows.values() if r["row"].endswith(" alone")} == {
+        "best single", "average of last 1", "average of last 2", "moving average (--ema)"}
+    assert rows["recipe's candidates, fixed grid"]["lenpens_tried"] == 2
+    for r in rows.values():
+        assert (r["test_bleu"], r["test_lc_bleu"]) == (r["val_bleu"], r["val_lc_bleu"]), r
+    assert json.loads((tmp_path / "levers.json").read_text())["rows"] == list(rows.values())
+
 
 def test_select_on_val_widens_the_length_penalty_grid_while_the_best_is_on_its_edge():
     """The grid 0.6..2.0 grows by its outer step while the best val score is at its largest (or smallest above
