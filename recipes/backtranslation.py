@@ -1,7 +1,8 @@
 """Back-translation as a low-resource simulation on real data (`make multi30k-bt`).
 
     python recipes/backtranslation.py --raw EXP/raw --out EXP/bt [--src en] [--tgt de] [--arch small]
-        [--minutes 10] [--max-updates 0] [--bpe-merges 10000] [--precision auto] [--train-flags "..."]
+        [--minutes 10] [--max-updates 0] [--backward-minutes M] [--backward-updates N] [--rows "parallel,..."]
+        [--bpe-merges 10000] [--precision auto] [--train-flags "..."]
 
 Multi30k's training pairs are split with a fixed seed into a parallel half and a "monolingual" half whose
 source side (English) is thrown away. A tgt->src model trained on the parallel half translates the
@@ -9,16 +10,24 @@ monolingual half back, with beam search (beam 4) and, separately, by sampling (E
 one src->tgt model per row, each trained for the same minutes (or updates) with seed 1:
 
   parallel      the parallel half only
+  parallel (seed 2)
+                the same with seed 2: the seed noise a row's difference from the parallel half is weighed against
   beam BT       + the monolingual half with its beam back-translations as sources
   sampled BT    + the same with sampled back-translations
   tagged BT     + the sampled ones with a `<BT>` tag on each synthetic source (Caswell et al., 2019;
                 `nmt prepare --tag <BT>`: one vocabulary symbol)
   all real      + the monolingual half with its real sources: the ceiling
 
+The backward model may train longer than the rows (--backward-minutes, --backward-updates): a stronger one
+gives better synthetic sources. --rows picks rows (the parallel half and the ceiling alone, to find a budget at
+which the ceiling clearly beats the parallel half before paying for the other rows).
+
 Each model's BPE is learned on its own training pairs (the parallel half, and for the rows that have them
 the monolingual target side and its synthetic sources): no val or test text joins it. Each is chosen on val
 (recipes/select_on_val.py: the best checkpoint or an average of the last ones, then the length penalty)
-and scored on test_2016_flickr with sacreBLEU and chrF2. Every step is skipped when its output exists, so a
+and scored on test_2016_flickr with sacreBLEU and chrF2. The table gives each row's val BLEU, its difference
+from the parallel half on val and whether that difference exceeds the seed noise, and states the ceiling's
+margin. Every step is skipped when its output exists, so a
 second run resumes. Writes OUT/backtranslation.md, .json and .png (BLEU by row).
 """
 
@@ -27,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import shlex
 import subprocess
 import sys
@@ -43,7 +53,8 @@ TAG = "<BT>"
 # Longer monolingual lines are left out before back-translation: `nmt prepare`'s default --max-len is 250 tokens,
 # so such a pair would be dropped from training anyway, after the cost of translating it.
 MAX_MONO_WORDS = 250
-ROWS = ("parallel", "beam BT", "sampled BT", "tagged BT", "all real")
+PARALLEL, SECOND_SEED, CEILING = "parallel", "parallel (seed 2)", "all real"
+ROWS = (PARALLEL, SECOND_SEED, "beam BT", "sampled BT", "tagged BT", CEILING)
 
 
 def run(command: list[str], what: str) -> None:
@@ -105,8 +116,10 @@ def split(raw: Path, out: Path, src: str, tgt: str, seed: int) -> None:
 
 
 def model(name: str, folder: Path, train: Path, src: str, tgt: str, raw: Path, args: argparse.Namespace,
-          tags: tuple[str, ...] = ()) -> Path:
-    """prepare, train, choose on val: FOLDER/model.pt (each step skipped when its output exists)."""
+          tags: tuple[str, ...] = (), seed: int = 1, budget: tuple[float, int] | None = None) -> Path:
+    """prepare, train (`budget`: minutes and updates, the rows' when None), choose on val: FOLDER/model.pt (each
+    step skipped when its output exists)."""
+    minutes, updates = budget or (args.minutes, args.max_updates)
     nmt = shlex.split(args.nmt)
     data = folder / "data"
     if not (data / "meta.json").exists():
@@ -115,7 +128,7 @@ def model(name: str, folder: Path, train: Path, src: str, tgt: str, raw: Path, a
              "--quiet", *[flag for tag in tags for flag in ("--tag", tag)]], f"{name}: prepare")
     if not (folder / "ckpt" / ".done").exists():
         run([*nmt, "train", data, "--save-dir", folder / "ckpt", "--arch", args.arch, "--precision", args.precision,
-             "--max-time", args.minutes, "--max-updates", args.max_updates, "--keep-last", "10", "--seed", "1",
+             "--max-time", minutes, "--max-updates", updates, "--keep-last", "10", "--seed", seed,
              "--device", "cpu", "--quiet", *shlex.split(args.train_flags)], f"{name}: train")
         (folder / "ckpt" / ".done").touch()
     if not (folder / "model.pt").exists():
@@ -141,6 +154,8 @@ def row_corpus(row: str, corpora: Path, folder: Path, src: str, tgt: str) -> Pat
     if (prefix.with_suffix(f".{tgt}")).exists():
         return prefix
     sources, targets = read_lines(corpora / f"parallel.{src}"), read_lines(corpora / f"parallel.{tgt}")
+    if row == SECOND_SEED:  # the parallel half's own files, so that the two seeds see the same pairs
+        row = PARALLEL
     synthetic = {"beam BT": f"bt.beam.{src}", "sampled BT": f"bt.sampled.{src}", "tagged BT": f"bt.sampled.{src}",
                  "all real": f"mono_real.{src}"}.get(row)
     if synthetic is not None:
@@ -161,12 +176,40 @@ def evaluate(model_path: Path, folder: Path, src: str, tgt: str, args: argparse.
     return {r["metric"]: round(r["score"], 2) for r in records} | {"signatures": [r["signature"] for r in records]}
 
 
-def markdown(results: list[dict], note: str) -> str:
-    lines = [note, "", "| row | training pairs | BLEU | chrF2 | updates | train minutes |",
-             "|---|---|---|---|---|---|"]
+def compare(results: list[dict]) -> str:
+    """Mark each row's val difference from the parallel half ("vs_parallel") and whether it exceeds the seed
+    noise (the two parallel seeds' val difference; "beyond_noise"); return a sentence on the ceiling's margin
+    and the noise (empty when the parallel row is not among the results)."""
+    by_row = {r["row"]: r for r in results}
+    if PARALLEL not in by_row:
+        return ""
+    base = by_row[PARALLEL]["val_bleu"]
+    noise = abs(by_row[SECOND_SEED]["val_bleu"] - base) if SECOND_SEED in by_row else None
     for r in results:
-        lines.append(f"| {r['row']} | {r['pairs']:,} | {r['bleu']:.1f} | {r['chrf']:.1f} | {r['updates']:,} | "
-                     f"{r['train_minutes']:.1f} |")
+        if r["row"] not in (PARALLEL, SECOND_SEED):
+            r["vs_parallel"] = round(r["val_bleu"] - base, 2)
+            r["beyond_noise"] = None if noise is None else abs(r["vs_parallel"]) > noise
+    parts = []
+    if CEILING in by_row:
+        margin = by_row[CEILING]["vs_parallel"]
+        parts.append(f"The ceiling beats the parallel half by {margin:+.1f} BLEU on val "
+                     f"({'at least' if margin >= 3 else 'less than'} the 3 a table that can show a gain needs).")
+    parts.append(f"Seed noise (the parallel half with seeds 1 and 2, on val): {noise:.1f} BLEU." if noise is not None
+                 else "No second seed of the parallel half: the seed noise is not measured.")
+    return " ".join(parts)
+
+
+def markdown(results: list[dict], note: str) -> str:
+    lines = [note, "", "| row | training pairs | val BLEU | vs parallel (val) | BLEU | chrF2 | updates | "
+             "train minutes |", "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if "vs_parallel" in r:
+            beyond = {True: ", beyond the seed noise", False: ", within the seed noise", None: ""}[r["beyond_noise"]]
+            versus = f"{r['vs_parallel']:+.1f}{beyond}"
+        else:
+            versus = ""
+        lines.append(f"| {r['row']} | {r['pairs']:,} | {r['val_bleu']:.1f} | {versus} | {r['bleu']:.1f} | "
+                     f"{r['chrf']:.1f} | {r['updates']:,} | {r['train_minutes']:.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -180,7 +223,7 @@ def plot(results: list[dict], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.0, 3.6))
     names = [r["row"] for r in results]
     ax.bar(range(len(names)), [r["bleu"] for r in results],
-           color=["#999999" if r["row"] == "all real" else "#4c72b0" for r in results])
+           color=["#999999" if r["row"] == CEILING else "#4c72b0" for r in results])
     for i, r in enumerate(results):
         ax.text(i, r["bleu"], f"{r['bleu']:.1f}", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(names)), names, fontsize=8)
@@ -193,11 +236,19 @@ def plot(results: list[dict], out: Path) -> None:
 
 
 def training(folder: Path) -> dict:
-    """The updates a row's model trained and the minutes it took, from its last checkpoint."""
+    """The updates a model trained, the minutes it took (from its last checkpoint) and its val BLEU (from its
+    choice on val)."""
     from nmt_cli.model.checkpoint import load_checkpoint
 
     state = load_checkpoint(folder / "ckpt" / "checkpoint_last.pt")
-    return {"updates": state["updates"], "train_minutes": round(state["progress"]["elapsed"] / 60, 1)}
+    chosen = json.loads((folder / "selection.json").read_text(encoding="utf-8"))
+    return {"updates": state["updates"], "train_minutes": round(state["progress"]["elapsed"] / 60, 1),
+            "val_bleu": round(chosen["val_bleu"], 2)}
+
+
+def budget_words(minutes: float, updates: int) -> str:
+    return " or ".join(([f"{minutes:g} minutes"] if minutes > 0 else []) + ([f"{updates} updates"] if updates > 0
+                                                                             else []))
 
 
 def main() -> None:
@@ -209,6 +260,11 @@ def main() -> None:
     parser.add_argument("--arch", default="small")
     parser.add_argument("--minutes", type=float, default=10.0, help="training minutes per model (0: no limit)")
     parser.add_argument("--max-updates", type=int, default=0, help="updates per model (0: no limit)")
+    parser.add_argument("--backward-minutes", type=float, default=None,
+                        help="the backward model's (default: --minutes)")
+    parser.add_argument("--backward-updates", type=int, default=None,
+                        help="the backward model's (default: --max-updates)")
+    parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of: {', '.join(ROWS)}")
     parser.add_argument("--bpe-merges", type=int, default=10000)
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--seed", type=int, default=1, help="of the split and of the sampling")
@@ -217,34 +273,48 @@ def main() -> None:
     args = parser.parse_args()
     src, tgt, corpora = args.src, args.tgt, args.out / "corpora"
     start = time.monotonic()
+    backward_budget = (args.minutes if args.backward_minutes is None else args.backward_minutes,
+                       args.max_updates if args.backward_updates is None else args.backward_updates)
     try:
         if args.minutes <= 0 and args.max_updates <= 0:
             raise NmtError("give --minutes or --max-updates: each model trains for the same budget")
+        if backward_budget[0] <= 0 and backward_budget[1] <= 0:
+            raise NmtError("--backward-minutes and --backward-updates are both 0: the backward model needs a budget")
+        rows = [row.strip() for row in args.rows.split(",") if row.strip()]
+        unknown = [row for row in rows if row not in ROWS]
+        if unknown or not rows:
+            raise NmtError(f"--rows {args.rows!r}: {', '.join(map(repr, unknown)) or 'no row'}; rows are: "
+                           f"{', '.join(ROWS)}")
         split(args.raw, corpora, src, tgt, args.seed)
-        backward = model(f"{tgt}->{src}", args.out / f"{tgt}{src}", corpora / "parallel", tgt, src, args.raw, args)
-        translate(backward, corpora / f"mono.{tgt}", corpora / f"bt.beam.{src}", "back-translate (beam 4)", args,
-                  "--beam", "4")
-        translate(backward, corpora / f"mono.{tgt}", corpora / f"bt.sampled.{src}", "back-translate (sampling)",
-                  args, "--sampling", "--seed", str(args.seed))
+        if any("BT" in row for row in rows):
+            backward = model(f"{tgt}->{src}", args.out / f"{tgt}{src}", corpora / "parallel", tgt, src, args.raw,
+                             args, budget=backward_budget)
+            translate(backward, corpora / f"mono.{tgt}", corpora / f"bt.beam.{src}", "back-translate (beam 4)",
+                      args, "--beam", "4")
+            translate(backward, corpora / f"mono.{tgt}", corpora / f"bt.sampled.{src}", "back-translate (sampling)",
+                      args, "--sampling", "--seed", str(args.seed))
         results = []
-        for row in ROWS:
-            folder = args.out / row.replace(" ", "-").lower()
+        for row in [row for row in ROWS if row in rows]:
+            folder = args.out / re.sub(r"[^a-z0-9]+", "-", row.lower()).strip("-")
             prefix = row_corpus(row, corpora, folder, src, tgt)
-            forward = model(row, folder, prefix, src, tgt, args.raw, args, (TAG,) if row == "tagged BT" else ())
+            forward = model(row, folder, prefix, src, tgt, args.raw, args, (TAG,) if row == "tagged BT" else (),
+                            seed=2 if row == SECOND_SEED else 1)
             result = {"row": row, "pairs": len(read_lines(prefix.with_suffix(f".{src}"))), **training(folder),
                       **evaluate(forward, folder, src, tgt, args)}
-            print(f"backtranslation: {row}: BLEU {result['bleu']:.1f}, chrF2 {result['chrf']:.1f}", flush=True)
+            print(f"backtranslation: {row}: val BLEU {result['val_bleu']:.1f}; test BLEU {result['bleu']:.1f}, "
+                  f"chrF2 {result['chrf']:.1f}", flush=True)
             results.append(result)
     except NmtError as e:
         print(f"backtranslation: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    budget = (f"{args.minutes:g} minutes" if args.minutes > 0 else "") + \
-        (" or " if args.minutes > 0 and args.max_updates > 0 else "") + \
-        (f"{args.max_updates} updates" if args.max_updates > 0 else "")
+    margin = compare(results)
+    budget = budget_words(args.minutes, args.max_updates)
+    backward_words = budget_words(*backward_budget)
+    backward = f", the backward model {backward_words}" if backward_words != budget else ""
     note = (f"Back-translation on Multi30k {src}->{tgt} ({args.raw}): half of the training pairs parallel, the "
-            f"other half target-only; {args.arch} models, {budget} of training each, seed {args.seed}, chosen on "
-            f"val, scored on test_2016_flickr (sacreBLEU, chrF2); {(time.monotonic() - start) / 60:.0f} minutes "
-            "for this run.")
+            f"other half target-only; {args.arch} models, {budget} of training each{backward}, split and sampling "
+            f"seed {args.seed}, chosen on val, scored on test_2016_flickr (sacreBLEU, chrF2); "
+            f"{(time.monotonic() - start) / 60:.0f} minutes for this run. {margin}").rstrip()
     with atomic_path(args.out / "backtranslation.json") as tmp:
         tmp.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     with atomic_path(args.out / "backtranslation.md") as tmp:

@@ -14,6 +14,7 @@ import fcntl
 import json
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -182,3 +183,12 @@ def multi30k_tiny(tmp_path_factory) -> tuple[Path, Path]:
     """A `tiny` model briefly trained on 3,000 real Multi30k pairs, and the folder of its raw val text."""
     root = built_once(tmp_path_factory, "m30k_tiny", _build_multi30k_tiny)
     return root / "ckpt" / "checkpoint_last.pt", root
+
+
+def recipe_module(name: str):
+    """A recipe script of recipes/ as a module."""
+    import importlib
+
+    if str(REPO / "recipes") not in sys.path:
+        sys.path.insert(0, str(REPO / "recipes"))
+    return importlib.import_module(name)

@@ -9,7 +9,7 @@ import pytest
 from nmt_cli.decode.translate import Translator
 from nmt_cli.model.checkpoint import load_checkpoint, save_checkpoint
 
-from .conftest import expect_error, run_cli, write_task
+from .conftest import expect_error, recipe_module, run_cli, write_task
 
 
 @pytest.fixture()
@@ -280,22 +280,10 @@ def test_translate_options_are_checked_before_anything_is_printed(toy_model, tmp
     assert not out.exists()
 
 
-def _recipe(name: str):
-    """A recipe script of recipes/ as a module."""
-    import importlib
-    import sys
-
-    from .conftest import REPO
-
-    if str(REPO / "recipes") not in sys.path:
-        sys.path.insert(0, str(REPO / "recipes"))
-    return importlib.import_module(name)
-
-
 def test_backtranslation_leaves_empty_and_over_long_monolingual_lines_out_and_counts_them(tmp_path, capsys):
     """The monolingual half is filtered before back-translation, with one line on stderr giving the counts; the
     real sources set apart for the ceiling row stay paired with what is kept."""
-    bt = _recipe("backtranslation")
+    bt = recipe_module("backtranslation")
     limit = bt.MAX_MONO_WORDS
     en = [f"source {i} ." for i in range(60)]
     de = [f"ziel {i} ." for i in range(60)]
@@ -339,7 +327,7 @@ def test_distillation_refuses_a_teacher_of_another_pair_or_other_data(toy_model,
 
     from .conftest import shared_data
 
-    distill = _recipe("distillation")
+    distill = recipe_module("distillation")
     toy = tmp_path / "toy"
     write_task(toy / "train", 200, seed=5)
     sources, targets = ((toy / f"train.{lang}").read_text().splitlines() for lang in ("en", "de"))

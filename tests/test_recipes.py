@@ -19,7 +19,7 @@ import torch
 
 from nmt_cli.model.checkpoint import average_checkpoints, load_checkpoint, numbered_checkpoints
 
-from .conftest import REPO, run_cli, shared_data
+from .conftest import REPO, recipe_module, run_cli, shared_data
 
 WMT14_TEST_LINES = 120
 
@@ -559,18 +559,21 @@ def test_make_install_keeps_the_torch_an_environment_has(tmp_path, has_torch):
 
 def test_multi30k_backtranslation_recipe_at_smoke_size(tmp_path, warm_nmt):
     """`make multi30k-bt` end to end at smoke size: the split halves are disjoint and cover the training pairs,
-    the synthetic sources come from the tgt->src model (beam and sampled, one line per monolingual line), the
-    tagged row's data has `<BT>` as one symbol at the start of its synthetic sources, every row is scored,
-    and a second run trains nothing."""
+    the synthetic sources come from the tgt->src model (beam and sampled, one line per monolingual line) trained
+    on its own budget, the tagged row's data has `<BT>` as one symbol at the start of its synthetic sources, the
+    parallel half's second seed trains on the same pairs, every row is scored on val and test and weighed
+    against the parallel half, a second run trains nothing, and BT_ROWS trains only the rows named (no backward
+    model when no row needs one)."""
     data = shared_data("multi30k")
     exp = tmp_path / "m30k"
     command = ["make", "-o", ".venv/.installed", "multi30k-bt", f"DATA={data}", f"EXP={exp}", "ARCH=tiny",
-               "LINES=12", "TRAIN_MINUTES=0", "MAX_UPDATES=2", "BPE_MERGES=200", "PRECISION=fp32", f"NMT={warm_nmt}"]
+               "LINES=12", "TRAIN_MINUTES=0", "MAX_UPDATES=2", "BT_BACKWARD_UPDATES=3", "BPE_MERGES=200",
+               "PRECISION=fp32", f"NMT={warm_nmt}"]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     # TRAIN_MINUTES sets every model's minutes, as for `make multi30k`: 0, no time limit
-    assert result.stdout.count("--max-time 0.0") == 6 and "--max-time 10" not in result.stdout
+    assert result.stdout.count("--max-time 0.0") == 7 and "--max-time 10" not in result.stdout
     bt, corpora = exp / "bt", exp / "bt" / "corpora"
 
     def lines(path: Path) -> list[str]:
@@ -585,13 +588,44 @@ def test_multi30k_backtranslation_recipe_at_smoke_size(tmp_path, warm_nmt):
     assert tagged[:6] == parallel and all(line.startswith("<BT> ") for line in tagged[6:])
     assert load_checkpoint(bt / "tagged-bt" / "model.pt")["tokenizer"]["tags"] == ["<BT>"]
     assert "<BT>" in lines(bt / "tagged-bt" / "data" / "vocab.txt")
+    assert lines(bt / "parallel-seed-2" / "train.en") == parallel
+    assert load_checkpoint(bt / "deen" / "ckpt" / "checkpoint_last.pt")["updates"] == 3
     results = json.loads((bt / "backtranslation.json").read_text())
-    assert [r["row"] for r in results] == ["parallel", "beam BT", "sampled BT", "tagged BT", "all real"]
-    assert all(r["updates"] == 2 and "bleu" in r and "chrf" in r for r in results)
+    assert [r["row"] for r in results] == ["parallel", "parallel (seed 2)", "beam BT", "sampled BT", "tagged BT",
+                                           "all real"]
+    assert all(r["updates"] == 2 and {"bleu", "chrf", "val_bleu"} <= r.keys() for r in results)
+    parallel_val = results[0]["val_bleu"]
+    assert all(r["vs_parallel"] == pytest.approx(r["val_bleu"] - parallel_val, abs=0.011) for r in results[2:])
+    table = (bt / "backtranslation.md").read_text()
     assert (bt / "backtranslation.png").stat().st_size > 0
-    assert "| tagged BT |" in (bt / "backtranslation.md").read_text()
+    assert "| tagged BT |" in table and "The ceiling beats the parallel half by" in table
+    assert "Seed noise (the parallel half with seeds 1 and 2, on val)" in table
     again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
     assert again.returncode == 0 and " train: " not in again.stdout and "| all real |" in again.stdout
+    subset = [f"EXP={tmp_path / 'rows'}" if arg.startswith("EXP=") else arg for arg in command]
+    subset.append("BT_ROWS=parallel,all real")
+    rows = subprocess.run(subset, cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+    assert rows.returncode == 0, rows.stdout[-2000:] + rows.stderr[-3000:]
+    assert rows.stdout.count(" train: ") == 2 and "de->en" not in rows.stdout and "back-translate" not in rows.stdout
+    assert [r["row"] for r in json.loads((tmp_path / "rows" / "bt" / "backtranslation.json").read_text())] == \
+        ["parallel", "all real"]
+
+
+def test_backtranslation_table_weighs_each_row_against_the_parallel_halfs_seed_noise():
+    """A row differs from the parallel half beyond the noise only when its val difference exceeds the two
+    parallel seeds' difference; the ceiling's margin is stated against the 3 BLEU a useful table needs."""
+    compare = recipe_module("backtranslation").compare
+    results = [{"row": "parallel", "val_bleu": 30.0}, {"row": "parallel (seed 2)", "val_bleu": 30.6},
+               {"row": "beam BT", "val_bleu": 31.0}, {"row": "sampled BT", "val_bleu": 29.5},
+               {"row": "all real", "val_bleu": 33.4}]
+    sentence = compare(results)
+    assert [(r.get("vs_parallel"), r.get("beyond_noise")) for r in results] == \
+        [(None, None), (None, None), (1.0, True), (-0.5, False), (3.4, True)]
+    assert sentence.startswith("The ceiling beats the parallel half by +3.4 BLEU on val (at least the 3")
+    assert "Seed noise (the parallel half with seeds 1 and 2, on val): 0.6 BLEU." in sentence
+    alone = [{"row": "parallel", "val_bleu": 30.0}, {"row": "all real", "val_bleu": 31.0}]
+    assert "+1.0 BLEU on val (less than the 3" in compare(alone) and alone[1]["beyond_noise"] is None
+    assert "the seed noise is not measured" in compare(alone)
 
 
 def test_multi30k_distillation_recipe_at_smoke_size(tmp_path, warm_nmt):
