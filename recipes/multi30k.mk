@@ -127,13 +127,16 @@ BT_WARMUP  ?= 400
 BT_BACKWARD_MINUTES ?=
 BT_BACKWARD_UPDATES ?=
 BT_ROWS    ?=
+BT_JOBS    ?= 0
+BT_THREADS ?= 0
 .PHONY: multi30k-bt
 multi30k-bt: $(M30K_RAW)/.done
 	$(BIN)/python recipes/backtranslation.py --raw $(M30K_RAW) --out $(EXP)/bt --src $(SRC) --tgt $(TGT) \
 	  --arch $(ARCH) --minutes $(BT_MINUTES) --max-updates $(MAX_UPDATES) --bpe-merges $(BPE_MERGES) \
 	  $(if $(BT_BACKWARD_MINUTES),--backward-minutes $(BT_BACKWARD_MINUTES)) \
 	  $(if $(BT_BACKWARD_UPDATES),--backward-updates $(BT_BACKWARD_UPDATES)) $(if $(BT_ROWS),--rows "$(BT_ROWS)") \
-	  --precision $(PRECISION) --nmt "$(NMT)" --train-flags "--max-tokens $(MAX_TOKENS) --lr-scale $(LR_SCALE) \
+	  --jobs $(BT_JOBS) --threads $(BT_THREADS) --precision $(PRECISION) --nmt "$(NMT)" \
+	  --train-flags "--max-tokens $(MAX_TOKENS) --lr-scale $(LR_SCALE) \
 	  --warmup $(BT_WARMUP) --cooldown $(COOLDOWN) --attention-dropout $(ATTENTION_DROPOUT) \
 	  --activation-dropout $(ACTIVATION_DROPOUT) --label-smoothing $(LABEL_SMOOTHING) $(TRAIN_FLAGS)"
 

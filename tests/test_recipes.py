@@ -12,6 +12,8 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -563,12 +565,13 @@ def test_multi30k_backtranslation_recipe_at_smoke_size(tmp_path, warm_nmt):
     on its own budget, the tagged row's data has `<BT>` as one symbol at the start of its synthetic sources, the
     parallel half's second seed trains on the same pairs, every row is scored on val and test and weighed
     against the parallel half, a second run trains nothing, and BT_ROWS trains only the rows named (no backward
-    model when no row needs one)."""
+    model when no row needs one). Two models at a time (one thread each) give the same models and table as one
+    at a time."""
     data = shared_data("multi30k")
     exp = tmp_path / "m30k"
     command = ["make", "-o", ".venv/.installed", "multi30k-bt", f"DATA={data}", f"EXP={exp}", "ARCH=tiny",
                "LINES=12", "TRAIN_MINUTES=0", "MAX_UPDATES=2", "BT_BACKWARD_UPDATES=3", "BPE_MERGES=200",
-               "PRECISION=fp32", f"NMT={warm_nmt}"]
+               "PRECISION=fp32", "BT_JOBS=2", "BT_THREADS=1", f"NMT={warm_nmt}"]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
@@ -603,12 +606,62 @@ def test_multi30k_backtranslation_recipe_at_smoke_size(tmp_path, warm_nmt):
     again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
     assert again.returncode == 0 and " train: " not in again.stdout and "| all real |" in again.stdout
     subset = [f"EXP={tmp_path / 'rows'}" if arg.startswith("EXP=") else arg for arg in command]
+    subset[subset.index("BT_JOBS=2")] = "BT_JOBS=1"
     subset.append("BT_ROWS=parallel,all real")
     rows = subprocess.run(subset, cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
     assert rows.returncode == 0, rows.stdout[-2000:] + rows.stderr[-3000:]
     assert rows.stdout.count(" train: ") == 2 and "de->en" not in rows.stdout and "back-translate" not in rows.stdout
-    assert [r["row"] for r in json.loads((tmp_path / "rows" / "bt" / "backtranslation.json").read_text())] == \
-        ["parallel", "all real"]
+    alone = json.loads((tmp_path / "rows" / "bt" / "backtranslation.json").read_text())
+    assert [r["row"] for r in alone] == ["parallel", "all real"]
+    # one model at a time trains and chooses what two at a time did, bit for bit
+    untimed = [{k: v for k, v in r.items() if k not in ("train_minutes", "vs_parallel", "beyond_noise")}
+               for r in (results[0], results[-1], *alone)]
+    assert untimed[:2] == untimed[2:]
+    for folder in ("parallel", "all-real"):
+        a, b = (load_checkpoint(root / "bt" / folder / "model.pt")["model"] for root in (exp, tmp_path / "rows"))
+        assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+def test_backtranslation_runs_tasks_at_once_after_what_they_wait_for_and_stops_all_on_a_failure(tmp_path):
+    """A task that waits for another gets its result; tasks run `jobs` at a time; when one fails, its error is
+    raised, a running step is ended and none starts after it."""
+    bt = recipe_module("backtranslation")
+    both_running = threading.Barrier(2, timeout=30)
+
+    def first(after):
+        both_running.wait()  # the two tasks run at once, or this times out
+        return 1
+
+    def second(after):
+        both_running.wait()
+        return after("first") + 1
+
+    assert bt.run_at_once(2, [("first", first), ("second", second)], bt.Steps()) == {"first": 1, "second": 2}
+    steps = bt.Steps(threads=1)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    started = threading.Event()
+
+    def slow(after):
+        started.set()
+        steps.run(sleeper, "slow step")
+
+    def failing(after):
+        started.wait(30)
+        time.sleep(1)  # the slow step's process is running by now
+        raise bt.NmtError("broken step")
+
+    def later(after):
+        steps.run(sleeper, "never started")
+
+    begin = time.monotonic()
+    with pytest.raises(bt.NmtError, match="broken step"):
+        bt.run_at_once(2, [("slow", slow), ("failing", failing), ("later", later)], steps)
+    assert time.monotonic() - begin < 60 and not steps.running and steps.stopped
+    with pytest.raises(bt.NmtError, match="not started: another step failed"):
+        steps.run(sleeper, "after the failure")
+    assert steps.thread_flags() == ["--threads", "1"]
+    assert steps.thread_flags(translate=True) == ["--threads", "1", "--parallel-batches", "1"]
+    assert bt.Steps().thread_flags() == []
 
 
 def test_backtranslation_table_weighs_each_row_against_the_parallel_halfs_seed_noise():
