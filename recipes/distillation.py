@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from backtranslation import evaluate, model, raw_file, run, translate, write_lines  # noqa: E402
+from backtranslation import Steps, evaluate, model, raw_file, translate, write_lines  # noqa: E402
 
 from nmt_cli.errors import NmtError  # noqa: E402
 from nmt_cli.textio import atomic_path, read_lines  # noqa: E402
@@ -58,7 +58,7 @@ def check_teacher(teacher: Path, src: str, tgt: str, sources: list[str], targets
                            "trained on other data?")
 
 
-def speeds(model_path: Path, folder: Path, sources: list[str], nmt: list[str]) -> dict:
+def speeds(model_path: Path, folder: Path, sources: list[str], nmt: list[str], steps: Steps) -> dict:
     """Parameters, and test sentences/s through nmt (bf16 where the CPU has it) and CTranslate2 int8; kept in
     FOLDER/speed.json, which a second run reads back while the model file and the machine's kind are the ones
     measured."""
@@ -80,8 +80,8 @@ def speeds(model_path: Path, folder: Path, sources: list[str], nmt: list[str]) -
     parameters = count_parameters(translator.ensemble.models[0])
     exported = folder / "ct2-int8"
     if not (exported / "model.bin").exists():
-        run([*nmt, "export", "ctranslate2", "-m", model_path, "-o", exported, "--quantization", "int8", "--force"],
-            f"{folder.name}: export")
+        steps.run([*nmt, "export", "ctranslate2", "-m", model_path, "-o", exported, "--quantization", "int8",
+                   "--force"], f"{folder.name}: export")
     out = {"parameters": parameters, "nmt_precision": precision}
     for name, engine in (("nmt", translator), ("ct2_int8", CTranslate2Translator.from_dir(exported))):
         engine.translate(sources[:8], beam=4)  # warm-up
@@ -119,6 +119,7 @@ def main() -> None:
     args = parser.parse_args()
     args.arch = args.student  # what `backtranslation.model` trains
     src, tgt, nmt = args.src, args.tgt, shlex.split(args.nmt)
+    steps = Steps()  # one step at a time, on torch's default threads
     start = time.monotonic()
     try:
         if args.minutes <= 0 and args.max_updates <= 0:
@@ -131,7 +132,7 @@ def main() -> None:
         if not (corpora / f"distilled.{src}").exists():
             write_lines(corpora / f"sources.{src}", read_lines(raw_train))
             translate(args.teacher, corpora / f"sources.{src}", corpora / f"distilled.{tgt}", "teacher translates "
-                      "the training sources (its own beam and length penalty)", args)
+                      "the training sources (its own beam and length penalty)", args, steps)
             (corpora / f"sources.{src}").rename(corpora / f"distilled.{src}")  # the pair is complete
         rows = []
         teacher_dir = args.out / "teacher"
@@ -140,13 +141,15 @@ def main() -> None:
         for side in (src, tgt):
             write_lines(test / f"test.raw.{side}", read_lines(raw_file(args.raw, f"test_2016_flickr.{side}")))
         sources = read_lines(test / f"test.raw.{src}")
-        rows.append({"model": "teacher", "data": "real targets", **evaluate(args.teacher, teacher_dir, src, tgt, args),
-                     **speeds(args.teacher, teacher_dir, sources, nmt)})
+        rows.append({"model": "teacher", "data": "real targets",
+                     **evaluate(args.teacher, teacher_dir, src, tgt, args, steps),
+                     **speeds(args.teacher, teacher_dir, sources, nmt, steps)})
         for name, prefix in (("real", args.raw / "train"), ("distilled", corpora / "distilled")):
             folder = args.out / f"student-{name}"
-            student = model(f"student ({name} targets)", folder, prefix, src, tgt, args.raw, args)
+            student = model(f"student ({name} targets)", folder, prefix, src, tgt, args.raw, args, steps)
             rows.append({"model": f"student ({args.student})", "data": f"{name} targets",
-                         **evaluate(student, folder, src, tgt, args), **speeds(student, folder, sources, nmt)})
+                         **evaluate(student, folder, src, tgt, args, steps),
+                         **speeds(student, folder, sources, nmt, steps)})
     except NmtError as e:
         print(f"distillation: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
