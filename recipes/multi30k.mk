@@ -34,6 +34,10 @@ KEEP_LAST      ?= 10
 BEAM           ?= 4
 LENPENS        ?= 0.6 1.0 1.4 2.0
 TRAIN_FLAGS    ?=
+# More nmt prepare flags: --lowercase --normalize-punctuation is the multimodal-MT literature's Multi30k text
+# (lowercased, normalized, tokenized); the translations then come out lowercased and the choice on val is made
+# against lowercased references.
+PREPARE_FLAGS  ?=
 
 M30K_SPLITS = train val test_2016_flickr
 M30K_RAW    = $(EXP)/raw
@@ -61,7 +65,8 @@ multi30k-data: $(M30K_RAW)/.done
 
 $(EXP)/data/meta.json: $(M30K_RAW)/.done
 	$(NMT) prepare -s $(SRC) -t $(TGT) --train $(M30K_RAW)/train --valid $(M30K_RAW)/val \
-	  --test $(M30K_RAW)/test_2016_flickr --bpe-merges $(BPE_MERGES) --max-ratio 9 --out $(EXP)/data --force
+	  --test $(M30K_RAW)/test_2016_flickr --bpe-merges $(BPE_MERGES) --max-ratio 9 --out $(EXP)/data --force \
+	  $(PREPARE_FLAGS)
 
 # Training resumes from checkpoint_last.pt when interrupted; .done marks a finished run.
 $(EXP)/ckpt/.done: $(EXP)/data/meta.json

@@ -4,7 +4,8 @@ Candidates: the best single checkpoint (by validation loss), the average of the 
 checkpoints for each N of --windows (those with more checkpoints than saved are left out), and the moving
 average of the weights (`nmt train --ema`) of the last numbered checkpoint, where the run kept one (unless
 --no-ema: what the choice would be without it, the same training). Each is scored
-by sacreBLEU of its beam search on val at the first length penalty of --lenpens; the winner is then scored
+by sacreBLEU of its beam search on val (against lowercased references for a model that translates into lowercased
+text) at the first length penalty of --lenpens; the winner is then scored
 at the other length penalties, and where the best of those lies at the edge of the grid (its largest, or its
 smallest above 0), the grid is widened by its own outer step until the best lies inside (at most --widen more).
 Ties keep the earlier candidate. Writes the chosen model to --out (atomically)
@@ -112,9 +113,12 @@ def choose(names: list[str], lenpens: list[float], widen: int, bleu: Callable[[s
 
 
 def val_bleu(path: Path, sources: list[str], refs: list[str], beam: int, lenpen: float, precision: str) -> float:
-    """sacreBLEU of the model's beam search on val, run as `nmt translate` runs it."""
+    """sacreBLEU of the model's beam search on val, run as `nmt translate` runs it; against lowercased references
+    for a model that translates into lowercased text (`nmt prepare --lowercase`)."""
     translator = Translator.from_checkpoint(path, precision=precision, workers=0)
     hyps = translator.translate(sources, beam=beam, lenpen=lenpen)
+    if translator.segmenter.lowercase:
+        refs = [ref.lower() for ref in refs]
     return score(hyps, [refs], metrics=("bleu",), lang=translator.target_lang)[0]["score"]
 
 

@@ -274,6 +274,18 @@ def test_transformers_export_of_a_moses_bpe_model_is_fsmt(multi30k_tiny, val, tm
     threshold(f"greedy lines equal to nmt's (of {len(chosen)})", same, low=len(chosen) - 1)
 
 
+def test_transformers_export_refuses_a_sentencepiece_model_of_lowercased_text(multi30k_tiny, tmp_path):
+    """MarianTokenizer does not lowercase, so a SentencePiece model prepared with --lowercase would read cased
+    input it never saw: one line, nothing written."""
+    require_extra("transformers")
+    state = load_checkpoint(multi30k_tiny[0])
+    state["tokenizer"], state["sentencepiece"] = {"name": "sentencepiece", "lowercase": True}, b"never read"
+    save_checkpoint(state, tmp_path / "lowercased.pt")
+    expect_error(run_cli("export", "transformers", "-m", tmp_path / "lowercased.pt", "-o", tmp_path / "hf"),
+                 "lowercased.pt", "lowercased text", "nmt export ctranslate2")
+    assert not (tmp_path / "hf").exists()
+
+
 def test_the_export_keeps_the_model_files_decoding_settings(toy_model, tmp_path):
     """nmt.json carries the beam and length penalty chosen for the model, and the exported folder searches with
     them by default."""

@@ -448,6 +448,38 @@ def test_a_tag_on_source_lines_is_one_symbol_and_changes_nothing_else(multi30k_s
                          multi30k_subset / "val", "--out", tmp_path / "bad", "--tag", "<B T>"), "--tag", "one word")
 
 
+@pytest.mark.parametrize("tokenizer", ["moses", "sentencepiece"])
+def test_lowercase_equals_lowercasing_the_files_first_and_the_model_lowercases_what_it_reads(multi30k_subset, tmp_path,
+                                                                                           tokenizer, request):
+    """`--lowercase` (the multimodal-MT literature's Multi30k text): the same BPE codes or SentencePiece model and
+    the same training ids as preparing files lowercased beforehand, no cased piece in the vocabulary, recorded in
+    meta.json so that the model's segmenter lowercases its input; refused on a model trained on cased text."""
+    lowered = tmp_path / "lowered"
+    lowered.mkdir()
+    for split in ("train", "val"):
+        for lang in ("en", "de"):
+            text = (multi30k_subset / f"{split}.{lang}").read_text(encoding="utf-8")
+            (lowered / f"{split}.{lang}").write_text(text.lower(), encoding="utf-8")
+    options = dict(tokenizer=tokenizer, vocab_size=1000, max_ratio=9.0)
+    meta = _prepare(multi30k_subset, tmp_path / "flag", workers=1, lowercase=True, **options)
+    _prepare(lowered, tmp_path / "files", workers=1, **options)
+    assert meta["tokenizer"]["lowercase"] is True
+    if tokenizer == "moses":  # (SentencePiece's trainer gives scores that differ in the last bits run to run)
+        assert (tmp_path / "flag" / "bpe.codes").read_text() == (tmp_path / "files" / "bpe.codes").read_text()
+    for name in ("train.en.bin", "train.de.bin", "train.en.idx", "vocab.txt"):
+        assert (tmp_path / "flag" / name).read_bytes() == (tmp_path / "files" / name).read_bytes(), name
+    data = DataDir.open(tmp_path / "flag")
+    cased = [s for s in data.vocab.symbols if not s.startswith("<") and s != s.lower()]
+    assert not cased, cased[:5]
+    segmenter = data.segmenter()
+    assert segmenter.segment("A Man In A Blue Shirt.", "en") == segmenter.segment("a man in a blue shirt.", "en")
+    assert DataDir.open(tmp_path / "files").segmenter().segment("A Man.", "en") != segmenter.segment("A Man.", "en")
+    if tokenizer == "moses":
+        cased_model, _ = request.getfixturevalue("multi30k_tiny")
+        expect_error(run_cli("prepare", "--from-model", cased_model, "--lowercase", "--train", lowered / "train",
+                             "--valid", lowered / "val", "--out", tmp_path / "bad"), str(cased_model), "--lowercase")
+
+
 def test_each_filter_removes_its_defect_and_counts_it_and_each_can_be_turned_off(tmp_path):
     """A made-up corpus with a known number of each defect: 10 good pairs, 3 repeats of a good pair, 2 copies
     (source = target), 1 empty side, 1 side over --max-len, 1 pair over --max-ratio. meta.json counts each

@@ -392,13 +392,16 @@ def test_multi30k_recipe_end_to_end(tmp_path):
 
 def test_multi30k_english_french_recipe_at_smoke_size(tmp_path, warm_nmt):
     """`make multi30k-en-fr` runs `make multi30k` on Multi30k's French side: an en->fr data dir, a model chosen
-    on val, the 300 test lines translated into French and scored against the French references."""
+    on val, the 300 test lines translated into French and scored against the French references. With
+    PREPARE_FLAGS=--lowercase (the literature's lowercased text), the data dir and the translations are lowercased
+    and the references are kept as written."""
     data = shared_data("multi30k")
     exp = tmp_path / "m30k-fr"
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     result = subprocess.run(["make", "-o", ".venv/.installed", "multi30k-en-fr", f"DATA={data}", f"FR_EXP={exp}",
                              "ARCH=tiny", "LINES=300", "TRAIN_MINUTES=0", "MAX_UPDATES=12", "BPE_MERGES=500",
-                             "AVERAGE_WINDOWS=1", "LENPENS=0.6", "PRECISION=fp32", f"NMT={warm_nmt}"],
+                             "AVERAGE_WINDOWS=1", "LENPENS=0.6", "PRECISION=fp32", f"NMT={warm_nmt}",
+                             "PREPARE_FLAGS=--lowercase"],
                             cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     meta = json.loads((exp / "data" / "meta.json").read_text())
@@ -406,7 +409,9 @@ def test_multi30k_english_french_recipe_at_smoke_size(tmp_path, warm_nmt):
     with gzip.open(data / "test_2016_flickr.fr.gz", "rt", encoding="utf-8") as f:
         references = [next(f).rstrip("\n") for _ in range(300)]
     assert (exp / "data" / "test.raw.fr").read_text(encoding="utf-8").splitlines() == references
-    assert len((exp / "test.hyp").read_text(encoding="utf-8").splitlines()) == 300
+    assert meta["tokenizer"]["lowercase"] is True
+    hyps = (exp / "test.hyp").read_text(encoding="utf-8")
+    assert len(hyps.splitlines()) == 300 and hyps == hyps.lower() and hyps.strip()
     assert load_checkpoint(exp / "model.pt")["target_lang"] == "fr"
     assert re.search(r"bleu\s*│\s*[\d.]+", result.stdout) and "nrefs:1" in result.stdout
 
@@ -506,6 +511,32 @@ def test_select_on_val_widens_the_length_penalty_grid_while_the_best_is_on_its_e
     assert next_lenpen({0.6: 42.0, 1.0: 41.0}) == 0.2
     assert next_lenpen({0.2: 42.0, 0.6: 41.0}) == 0.0 and next_lenpen({0.0: 42.0, 0.5: 41.0}) is None
     assert next_lenpen({0.6: 40.0}) is None  # one penalty: no grid to widen
+
+
+def test_select_on_val_scores_a_model_of_lowercased_text_against_lowercased_references(monkeypatch):
+    """A model prepared with --lowercase translates into lowercased text: its val BLEU is taken against the
+    references lowercased, so its candidates are not all scored as if every capital letter were a miss."""
+    select_on_val = recipe_module("select_on_val")
+    refs = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine Frau liest ein Buch im Park."]
+
+    class Segmenter:
+        def __init__(self, lowercase: bool) -> None:
+            self.lowercase = lowercase
+
+    class Translator:
+        target_lang = "de"
+
+        def __init__(self, lowercase: bool) -> None:
+            self.segmenter = Segmenter(lowercase)
+
+        def translate(self, sources, beam, lenpen):
+            return [ref.lower() for ref in refs]
+
+    for lowercase, expected in ((True, 100.0), (False, None)):
+        monkeypatch.setattr(select_on_val.Translator, "from_checkpoint",
+                            lambda path, precision, workers, lowercase=lowercase: Translator(lowercase))
+        bleu = select_on_val.val_bleu(Path("model.pt"), ["a", "b", "c"], refs, 4, 1.0, "fp32")
+        assert bleu == expected if expected else bleu < 60, bleu
 
 
 def test_select_on_val_bad_input(tmp_path):

@@ -43,6 +43,10 @@ class PrepareOptions:
     normalize: bool = option(False, decls=("--normalize-punctuation/--no-normalize-punctuation",), help=(
         "Normalize punctuation (Moses) and remove non-printing characters before tokenizing, as fairseq's "
         "WMT14 script does; stored with the model, so translate does the same."))
+    # The multimodal-MT literature's Multi30k text is lowercased before normalization and tokenization
+    lowercase: bool = option(False, decls=("--lowercase/--no-lowercase",), help=(
+        "Lowercase both sides before normalizing and tokenizing; stored with the model, so translate lowercases "
+        "its input too and translates into lowercased text."))
     from_model: Path | None = option(None, help=(
         "Fine-tuning data: segment and binarize with this model's languages, normalization, tokenizer (BPE "
         "codes or SentencePiece model) and vocabulary, for nmt train --init-from."))

@@ -175,6 +175,8 @@ def _preprocess(line: str, lang: str) -> str:
     tag, line = split_tag(line, _worker.get("tags", ()))
     if tag:
         return f"{tag} {_preprocess(line, lang)}".rstrip()
+    if _worker.get("lowercase"):
+        line = line.lower()
     if _worker["normalize"]:
         line = text.normalize_punctuation(line, lang)
     if _worker.get("tokenizer") == "sentencepiece":  # SentencePiece reads raw text
@@ -182,7 +184,7 @@ def _preprocess(line: str, lang: str) -> str:
     if not line.strip():
         return ""
     if _worker.get("pipeline") == "fsmt":  # a model made elsewhere: fairseq's WMT19 tokenization
-        return text.fsmt_tokenize(line, lang, _worker.get("lowercase", False))
+        return text.fsmt_tokenize(line, lang)
     return text.tokenize(line, lang)
 
 
@@ -455,16 +457,16 @@ def prepare(opts: PrepareOptions, on_stage: Callable[[dict], None] | None = None
 
 def _tokenizer_meta(opts: PrepareOptions, spm_model: bytes | None = None) -> dict:
     """How text was tokenized, as meta.json and checkpoints record it (translate repeats it)."""
-    tags = {"tags": list(opts.tags)} if opts.tags else {}
+    extra = {**({"tags": list(opts.tags)} if opts.tags else {}), **({"lowercase": True} if opts.lowercase else {})}
     if opts.tokenizer == "sentencepiece":
         assert spm_model is not None
         import hashlib
 
         return {"name": "sentencepiece", "model_type": opts.spm_type, "vocab_size": opts.vocab_size,
                 "character_coverage": CHARACTER_COVERAGE, "byte_fallback": True, "sample": opts.spm_sample,
-                "normalize_punctuation": opts.normalize, "sha256": hashlib.sha256(spm_model).hexdigest(), **tags}
+                "normalize_punctuation": opts.normalize, "sha256": hashlib.sha256(spm_model).hexdigest(), **extra}
     return {"name": "moses", "escape": False, "aggressive_dash_splits": True, "normalize_punctuation": opts.normalize,
-            **tags}
+            **extra}
 
 
 @dataclass(frozen=True)
@@ -498,8 +500,12 @@ def _model_preprocessing(opts: PrepareOptions) -> tuple[PrepareOptions, FromMode
     name = tokenizer.get("name", "moses")
     if opts.tokenizer is not None and opts.tokenizer != name:
         raise NmtError(f"{opts.from_model}: the model was trained with --tokenizer {name}, not {opts.tokenizer}")
+    if opts.lowercase and not tokenizer.get("lowercase"):
+        raise NmtError(f"{opts.from_model}: the model was trained on text as written, not lowercased: leave out "
+                       "--lowercase")
     opts = replace(opts, source_lang=state["source_lang"], target_lang=state["target_lang"], tokenizer=name,
                    normalize=bool(tokenizer.get("normalize_punctuation", False)),
+                   lowercase=bool(tokenizer.get("lowercase")),
                    tags=tuple(tokenizer.get("tags", ())))
     if name == "sentencepiece":
         if not state.get("sentencepiece"):
@@ -546,7 +552,7 @@ def _tokenize(inputs: dict[str, tuple[Path, Path]], work: Path, staging: Path, o
     tokenizer = made.tokenizer or {}
     state = {"src_lang": src_lang, "tgt_lang": tgt_lang, "normalize": opts.normalize, "tokenizer": opts.tokenizer,
              "tags": tuple(opts.tags), "pipeline": tokenizer.get("pipeline", ""),
-             "lowercase": bool(tokenizer.get("lowercase")), "target_token": made.target_token}
+             "lowercase": opts.lowercase, "target_token": made.target_token}
     counts: Counter = Counter()
     tokenized = {}
     first = "tokenize" if opts.tokenizer == "moses" else "read"  # SentencePiece reads raw text

@@ -302,6 +302,9 @@ def _marian(state: dict, checkpoint: str | Path) -> tuple:
 
     if not state.get("sentencepiece"):
         raise NmtError(f"{checkpoint}: checkpoint lacks sentencepiece (its tokenizer's model)")
+    if (state.get("tokenizer") or {}).get("lowercase"):
+        raise NmtError(f"{checkpoint}: the model reads lowercased text (nmt prepare --lowercase), which "
+                       "MarianTokenizer cannot do; export it with nmt export ctranslate2")
     try:
         config_args, weights = marian_state_dict(state)
     except NmtError as e:

@@ -98,12 +98,10 @@ def _plain_normalizer(lang: str) -> MosesPunctNormalizer:
     return MosesPunctNormalizer(lang=lang)
 
 
-def fsmt_tokenize(line: str, lang: str, lowercase: bool = False) -> str:
-    """The tokenization of fairseq's WMT19 models as Transformers' FSMTTokenizer does it: (lowercase),
-    replace-unicode-punctuation, normalize-punctuation, remove-non-printing-char, then Moses tokenization with
-    XML escaping (``&amp;``) and aggressive hyphen splits."""
-    if lowercase:
-        line = line.lower()
+def fsmt_tokenize(line: str, lang: str) -> str:
+    """The tokenization of fairseq's WMT19 models as Transformers' FSMTTokenizer does it (after its lowercasing,
+    which the segmenter does): replace-unicode-punctuation, normalize-punctuation, remove-non-printing-char, then
+    Moses tokenization with XML escaping (``&amp;``) and aggressive hyphen splits."""
     line = remove_non_printing(_plain_normalizer(lang).normalize(replace_unicode_punctuation(line)))
     return _tokenizer(lang).tokenize(line, escape=True, aggressive_dash_splits=True, return_str=True)
 

@@ -54,13 +54,16 @@ class Segmenter:
 
     name = ""
 
-    def __init__(self, normalize: bool = False, tags: Sequence[str] = ()) -> None:
+    def __init__(self, normalize: bool = False, tags: Sequence[str] = (), lowercase: bool = False) -> None:
         self.normalize = normalize  # Moses punctuation normalization first, as at prepare time
         self.tags = tuple(tags)  # words that may begin a line and stay one piece (`nmt prepare --tag`)
+        self.lowercase = lowercase  # `nmt prepare --lowercase`: before everything else, as at prepare time
 
     def segment(self, line: str, lang: str) -> str:
         """Whitespace-separated pieces of one raw line; a leading tag stays one piece."""
         tag, line = split_tag(line, self.tags)
+        if self.lowercase:
+            line = line.lower()
         if self.normalize:
             line = text.normalize_punctuation(line, lang)
         pieces = self._segment(line, lang) if line.strip() else ""
@@ -91,15 +94,15 @@ class MosesBpe(Segmenter):
 
     def __init__(self, codes: str, normalize: bool = False, tags: Sequence[str] = (), pipeline: str = "",
                  lowercase: bool = False) -> None:
-        super().__init__(normalize, tags)
+        super().__init__(normalize, tags, lowercase)
         if pipeline not in PIPELINES:
             raise NmtError(f"unknown Moses pipeline {pipeline!r} (this nmt knows {', '.join(PIPELINES)})")
-        self.codes, self.pipeline, self.lowercase = codes, pipeline, lowercase
+        self.codes, self.pipeline = codes, pipeline
         self.bpe = text.BpeApplier(codes)
 
     def _segment(self, line: str, lang: str) -> str:
         if self.pipeline == "fsmt":
-            return self.bpe(text.fsmt_tokenize(line, lang, self.lowercase))
+            return self.bpe(text.fsmt_tokenize(line, lang))
         return self.bpe(text.tokenize(line, lang))
 
     def desegment(self, pieces: str, lang: str) -> str:
@@ -116,8 +119,8 @@ class SentencePiece(Segmenter):
     name = "sentencepiece"
 
     def __init__(self, model: bytes, normalize: bool = False, tags: Sequence[str] = (),
-                 target_model: bytes | None = None, marian: bool = False) -> None:
-        super().__init__(normalize, tags)
+                 target_model: bytes | None = None, marian: bool = False, lowercase: bool = False) -> None:
+        super().__init__(normalize, tags, lowercase)
         self.model, self.target_model = model, target_model
         self.processor = _processor(model)
         self.target_processor = _processor(target_model) if target_model else self.processor
@@ -128,7 +131,8 @@ class SentencePiece(Segmenter):
     def target_side(self) -> Segmenter:
         if self.target_model is None:
             return self
-        return SentencePiece(self.target_model, self.normalize, self.tags, marian=self.marian)
+        return SentencePiece(self.target_model, self.normalize, self.tags, marian=self.marian,
+                             lowercase=self.lowercase)
 
     def _segment(self, line: str, lang: str) -> str:
         return " ".join(self.processor.encode(plain_spaces(line), out_type=str))
@@ -165,15 +169,16 @@ def segmenter_from(tokenizer: dict | None, bpe_codes: str, sentencepiece: bytes 
     tokenizer = tokenizer or {}
     normalize = bool(tokenizer.get("normalize_punctuation", False))
     tags = tuple(tokenizer.get("tags", ()))
+    lowercase = bool(tokenizer.get("lowercase"))
     name = tokenizer.get("name", "moses")
     if name == "sentencepiece":
         if not sentencepiece:
             raise NmtError("the tokenizer is SentencePiece, but its model is missing")
         return SentencePiece(sentencepiece, normalize, tags, target_sentencepiece,
-                             marian=tokenizer.get("imported") == "marian")
+                             marian=tokenizer.get("imported") == "marian", lowercase=lowercase)
     if name != "moses":
         raise NmtError(f"unknown tokenizer {name!r} (this nmt knows {', '.join(TOKENIZERS)})")
-    return MosesBpe(bpe_codes, normalize, tags, tokenizer.get("pipeline", ""), bool(tokenizer.get("lowercase")))
+    return MosesBpe(bpe_codes, normalize, tags, tokenizer.get("pipeline", ""), lowercase)
 
 
 def segmenter_of(state: dict, path: str | Path) -> Segmenter:
