@@ -17,6 +17,7 @@ from nmt_cli.model.attention import (
     record_attention,
     word_alignments,
 )
+from nmt_cli.model.checkpoint import load_checkpoint, save_checkpoint
 from nmt_cli.text.segment import MosesBpe
 
 from .conftest import expect_error, run_cli, threshold
@@ -89,6 +90,23 @@ def test_alignments_of_the_toy_task_are_its_diagonal(translator, sentences):
     # Intel Xeon (AMX), 2026-12-01: layer 1 0.61 / 0.83, layer 2 (the last, the default) 0.99 / 1.00
     threshold("alignment precision, default layer", scores[default][0], low=0.85)
     threshold("alignment recall, default layer", scores[default][1], low=0.85)
+
+
+def test_a_model_of_lowercased_text_aligns_the_words_of_the_text_as_written(toy_model, translator, sentences,
+                                                                            tmp_path):
+    """A model prepared with --lowercase reads "W3 w5." as "w3 w5.": the same ids, output and word alignments as
+    the lowercased line gives, its pieces matched to the words of the line as written."""
+    state = load_checkpoint(toy_model)
+    state["tokenizer"] = {**(state.get("tokenizer") or {}), "lowercase": True}
+    save_checkpoint(state, tmp_path / "lowercased.pt")
+    lowercased = Translator.from_checkpoint(tmp_path / "lowercased.pt")
+    written, lowered = sentences[:20], [s.lower() for s in sentences[:20]]
+    assert any(s != s.lower() for s in written)
+    ids, ids_lowered = [], []
+    outputs = [r[0][0] for r in lowercased.translate_nbest(written, ids_out=ids)]
+    assert outputs == [r[0][0] for r in translator.translate_nbest(lowered, ids_out=ids_lowered)]
+    assert ids == ids_lowered
+    assert lowercased.align(written, outputs, ids, None) == translator.align(lowered, outputs, ids, None)
 
 
 def test_translate_with_alignments(toy_model, sentences, tmp_path):

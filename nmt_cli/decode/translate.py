@@ -121,7 +121,8 @@ class Translator(TextTranslator):
                 out.append([])
                 continue
             maps = attention_maps(model, source_ids, output_ids, symbols, vocab.bos, vocab.eos, target_symbols)
-            source_words = piece_words([symbols[i] for i in source_ids], source, self.segmenter.surface,
+            read = source.lower() if self.segmenter.lowercase else source  # as the pieces spell it
+            source_words = piece_words([symbols[i] for i in source_ids], read, self.segmenter.surface,
                                        by_character(self.source_lang))
             output_words = piece_words([target_symbols[i] for i in output_ids], output, self.target_segmenter.surface,
                                        by_character(self.target_lang))
