@@ -8,6 +8,7 @@ on this machine (`matmul_bound`); the share says how close training comes to it.
 
     python benchmarks/train.py [--archs small,base] [--precisions fp32,bf16] [--repeats 3]
                                [--attention-dropout P] [--activation-dropout P]   # the multi30k recipe: 0.1 0.1
+                               [--cpu-allocator auto|tcmalloc|jemalloc|system]   # as nmt train's
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import time
 from pathlib import Path
 
 from common import machine, print_table, require_multi30k
+
+from nmt_cli.torch_env import allocator_environment
 
 COLUMNS = ["model", "precision", "params", "timed updates", "tgt tok/s (median)", "spread", "peak MB",
            "matmul bound tok/s", "share of bound"]
@@ -101,6 +104,7 @@ def main() -> list[list]:
     parser.add_argument("--repeats", type=int, default=1, help="runs per configuration (median and spread)")
     parser.add_argument("--attention-dropout", type=float, default=0.0)
     parser.add_argument("--activation-dropout", type=float, default=0.0)
+    parser.add_argument("--cpu-allocator", default="auto", help="as nmt train's (auto: tcmalloc where installed)")
     parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -120,7 +124,8 @@ def main() -> list[list]:
                     save = Path(tmp) / f"{arch}-{precision}-{repeat}"
                     dropouts = f"{args.attention_dropout},{args.activation_dropout}"
                     out = subprocess.run([sys.executable, __file__, "--worker", str(prepared), arch, precision,
-                                          str(save), dropouts], check=True, capture_output=True, text=True).stdout
+                                          str(save), dropouts], check=True, capture_output=True, text=True,
+                                         env=allocator_environment(args.cpu_allocator)).stdout
                     runs.append(json.loads(out.strip().splitlines()[-1]))
                 speeds = sorted(r["tok_s"] for r in runs)
                 bound = statistics.median(r["bound_tok_s"] for r in runs)
@@ -131,7 +136,9 @@ def main() -> list[list]:
                 print_table("(partial)", COLUMNS, rows[-1:])
     extra = (f", attention/activation dropout {args.attention_dropout}/{args.activation_dropout}"
              if args.attention_dropout or args.activation_dropout else "")
-    print_table(f"train: Multi30k en-de, max-tokens 4096, CPU, {args.repeats} run(s) each{extra} ({machine()})",
+    allocator = Path((allocator_environment(args.cpu_allocator) or {}).get("LD_PRELOAD", "system:").split(":")[0])
+    print_table(f"train: Multi30k en-de, max-tokens 4096, CPU, {args.repeats} run(s) each{extra}, allocator "
+                f"{allocator.name} ({machine()})",
                 COLUMNS, rows)
     return rows
 

@@ -13,7 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from nmt_cli import torch_env
+from nmt_cli.cli import commandline
 from nmt_cli.decode.translate import Translator
+from nmt_cli.errors import NmtError
 from nmt_cli.model.checkpoint import load_checkpoint, numbered_checkpoints, save_checkpoint
 from nmt_cli.training.trainer import TrainOptions, inverse_sqrt_lr, train
 
@@ -437,6 +440,69 @@ def test_training_tensors_use_huge_pages_unless_the_user_says_otherwise():
                              capture_output=True, text=True, check=True)
     # with huge pages on request only ("[madvise]"), nothing else asks for them
     assert refused.stdout.split() == ["False", "False" if "[madvise]" in thp.read_text() else refused.stdout.split()[1]]
+
+
+def test_a_cpu_run_preloads_tcmalloc_and_trains_the_same_numbers_as_on_the_system_allocator(toy_data, tmp_path):
+    """`nmt train` on CPU executes itself again with tcmalloc preloaded (its log names the allocator it ran
+    on), and `--cpu-allocator system` keeps glibc's; the allocator changes no number: 20 updates' losses are
+    equal bit for bit."""
+    if torch_env.find_allocator("tcmalloc") is None:
+        if os.environ.get("CI"):
+            pytest.fail("tcmalloc is not installed (.ci/run installs libtcmalloc-minimal4)")
+        pytest.skip("tcmalloc is not installed (apt install libtcmalloc-minimal4)")
+    logs = {}
+    for choice in ("auto", "system"):
+        save = tmp_path / choice
+        result = subprocess.run([sys.executable, "-m", "nmt_cli", "train", str(toy_data), "--save-dir", str(save),
+                                 "--arch", "tiny", "--max-tokens", "512", "--max-updates", "20", "--log-interval",
+                                 "1", "--device", "cpu", "--quiet", "--cpu-allocator", choice],
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        logs[choice] = [json.loads(line) for line in (save / "train.jsonl").read_text().splitlines()]
+    allocators = {choice: next(r for r in log if r["event"] == "start")["allocator"] for choice, log in logs.items()}
+    assert "libtcmalloc" in allocators["auto"] and allocators["system"] == "system", allocators
+    losses = {choice: [r["loss"] for r in log if r["event"] == "train"] for choice, log in logs.items()}
+    assert len(losses["auto"]) == 20 and losses["auto"] == losses["system"]
+
+
+def test_only_the_nmt_command_itself_is_executed_again(monkeypatch):
+    """The allocator's restart runs the process's own command line: that of `nmt` or `python -m nmt_cli` (under
+    torchrun too); never a test's (pytest's own, or a `python -c` script's), or that of tests/warm_nmt.py, whose
+    forked children call the entry point with another command line than their own."""
+    monkeypatch.setattr(commandline, "console_script", True)
+    monkeypatch.setattr(sys, "orig_argv", ["/env/python", "-u", "-m", "nmt_cli", "train", "data"])
+    monkeypatch.setattr(sys, "argv", ["/clone/nmt_cli/__main__.py", "train", "data"])
+    assert commandline.own_command() == [sys.executable, "-u", "-m", "nmt_cli", "train", "data"]
+    monkeypatch.setattr(sys, "orig_argv", ["/env/python", "tests/warm_nmt.py", "serve", "/tmp/nmt.sock"])
+    monkeypatch.setattr(sys, "argv", ["nmt", "train", "data"])
+    assert commandline.own_command() is None
+    monkeypatch.setattr(sys, "orig_argv", ["/env/python", "/env/bin/nmt", "train", "data"])
+    assert commandline.own_command() is None  # sys.argv[0] is not that script
+    monkeypatch.setattr(sys, "argv", ["/env/bin/nmt", "train", "data"])
+    assert commandline.own_command() == [sys.executable, "/env/bin/nmt", "train", "data"]
+    # a pytest-xdist worker that called the entry point in-process with its own sys.argv
+    monkeypatch.setattr(sys, "orig_argv", ["/env/python", "-c", "import sys; exec(...)"])
+    monkeypatch.setattr(sys, "argv", ["-c"])
+    assert commandline.own_command() is None
+    monkeypatch.setattr(commandline, "console_script", False)  # the app called in-process
+    assert commandline.own_command() is None
+
+
+def test_a_named_allocator_that_cannot_be_had_is_one_line_and_auto_goes_on_without(monkeypatch):
+    """--cpu-allocator NAME fails in one line when the library is missing, or when another one is preloaded
+    already; auto with none installed returns (the run goes on, on the system's allocator) and never executes
+    anything."""
+    monkeypatch.setattr(torch_env, "loaded_allocator", lambda: None)
+    monkeypatch.setattr(torch_env, "find_allocator", lambda name: None)
+    monkeypatch.delenv(torch_env.PRELOAD_TRIED, raising=False)
+    with pytest.raises(NmtError, match="--cpu-allocator tcmalloc: libtcmalloc not found on this machine"):
+        torch_env.preload_allocator("tcmalloc", ["false"])
+    torch_env.preload_allocator("auto", ["false"])
+    torch_env.preload_allocator("system", ["false"])
+    monkeypatch.setattr(torch_env, "loaded_allocator", lambda: "/usr/lib/libtcmalloc_minimal.so.4")
+    with pytest.raises(NmtError, match="runs on /usr/lib/libtcmalloc_minimal.so.4 already"):
+        torch_env.preload_allocator("jemalloc", ["false"])
+    torch_env.preload_allocator("tcmalloc", ["false"])
 
 
 def test_a_warmup_longer_than_the_budget_is_reported(toy_data, tmp_path):

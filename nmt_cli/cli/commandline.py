@@ -26,6 +26,20 @@ from nmt_cli.errors import NmtError
 from .config import effective_config, named_config_error
 
 err = Console(stderr=True, soft_wrap=True)  # messages stay one line in logs, whatever the width
+console_script = False  # set by cli.main.main, the `nmt` command's entry point
+
+
+def own_command() -> list[str] | None:
+    """The command line that started this process, to execute again (nmt train, to preload a memory
+    allocator): that of `nmt ...` or `python -m nmt_cli ...`. None for anything else, whose own command line
+    would start something other than this command: a test calling the app or the entry point in-process, or
+    tests/warm_nmt.py's forked children."""
+    start = len(sys.orig_argv) - len(sys.argv)  # where the interpreter's command line holds sys.argv[0]
+    if not console_script or start < 1 or sys.orig_argv[start + 1 :] != sys.argv[1:]:
+        return None
+    if sys.orig_argv[start] != sys.argv[0] and sys.orig_argv[start - 1 : start + 1] != ["-m", "nmt_cli"]:
+        return None
+    return [sys.executable, *sys.orig_argv[1:]]
 
 # The oldest PyTorch nmt runs on: nn.utils.get_total_norm (2.6), fused Adam on CPU (2.4), torch.get_autocast_dtype
 # (2.4), init_process_group(device_id=) (2.3). tests/test_layout.py checks pyproject.toml says the same.

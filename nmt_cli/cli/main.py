@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from . import commandline
 from .commandline import command, command_group
 from .data import apply_bpe_cmd, binarize_cmd, learn_bpe_cmd, prepare_cmd
 from .deploy import export_ctranslate2_cmd, export_transformers_cmd, import_transformers_cmd, serve_cmd
@@ -80,6 +81,7 @@ def main() -> None:
     # objects (60-75 ms here), and importing and loading set off three or four of them, ~0.2 s of a one-line
     # `nmt translate`. Commands turn it back on (`start_up_done`) before their work, or after loading a model.
     gc.disable()
+    commandline.console_script = True
     try:
         app()
     except SystemExit as e:
@@ -88,6 +90,7 @@ def main() -> None:
         raise
     finally:
         gc.enable()
+        commandline.console_script = False
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import typer
 from nmt_cli.errors import NmtError
 from nmt_cli.training.options import TrainOptions
 
-from .commandline import err, handle_errors
+from .commandline import err, handle_errors, own_command
 from .config import ConfigFlag, PrintConfigFlag
 from .flags import extra_parameter, options_command
 
@@ -21,10 +21,8 @@ from .flags import extra_parameter, options_command
                                       extra_parameter("print_config", PrintConfigFlag, False)))
 def train_cmd(context: typer.Context, opts: TrainOptions, values: dict[str, Any]) -> None:
     """Train the Transformer (single process, or one per GPU/CPU under torchrun); resumes from checkpoint_last.pt."""
-    from nmt_cli.torch_env import use_huge_pages_for_tensors
-
-    use_huge_pages_for_tensors()  # before torch is imported
-    from nmt_cli.training.trainer import end_of_run, kept_run_options, train
+    from nmt_cli.torch_env import cuda_expected, preload_allocator, use_huge_pages_for_tensors
+    from nmt_cli.training.options import kept_run_options
 
     # the flags on the command line, in a --config file or the environment; by name: typer may bring its own
     # copy of click
@@ -33,7 +31,14 @@ def train_cmd(context: typer.Context, opts: TrainOptions, values: dict[str, Any]
     if {"lr", "lr_scale"} <= given:
         raise NmtError("--lr and --lr-scale both set the learning rate: give one (--lr: the peak; --lr-scale: a "
                        "factor on eq. 3)")
-    summary = train(kept_run_options(opts, given))  # a resume keeps the run's options that are not given
+    opts = kept_run_options(opts, given)  # a resume keeps the run's options that are not given
+    command = own_command()
+    if command is not None and not cuda_expected(opts.device):
+        preload_allocator(opts.cpu_allocator, command)  # may run this command again, on tcmalloc
+    use_huge_pages_for_tensors()  # before torch is imported
+    from nmt_cli.training.trainer import end_of_run, train
+
+    summary = train(opts)
     message, code = end_of_run(summary, opts.save_dir)
     if int(os.environ.get("RANK", "0")) == 0 and (code or not opts.quiet or summary["reason"] == "already_finished"):
         err.print(message, highlight=False)

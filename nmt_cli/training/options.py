@@ -4,11 +4,16 @@ options.json are made from these declarations."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from collections.abc import Collection
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import get_args, get_type_hints
 
 from nmt_cli.errors import NmtError
 from nmt_cli.option_fields import P_DATA, P_DEVICE, P_LOG, P_MODEL, P_OPTIM, P_STOP, option
+from nmt_cli.textio import read_small_file
+from nmt_cli.torch_env import ALLOCATOR_CHOICES
 
 
 def parse_betas(text: str) -> tuple[float, float]:
@@ -108,7 +113,40 @@ class TrainOptions:
         "Also write the logged scalars to this folder for tensorboard (pip install -e '.[tensorboard]' in the "
         "clone)."))
     threads: int = option(0, panel=P_DEVICE, help="CPU threads for torch (0: torch's default).")
+    cpu_allocator: str = option("auto", panel=P_DEVICE, choices=ALLOCATOR_CHOICES, help=(
+        "Memory allocator of a CPU run: auto (tcmalloc where installed, else the system's), tcmalloc, jemalloc "
+        "or system (glibc's malloc: slower, and slower still as a run goes on)."))
     background_save: bool = option(
         True, panel=P_STOP, decls=("--background-save/--no-background-save",),
         help="Write checkpoints on a background thread while training goes on (one save in flight).")
     quiet: bool = option(False, panel=P_LOG, help="No progress bar or log lines.")
+
+
+# Options a resume does not take from the run being resumed when they are not given: where the run reads and
+# writes (always given) and whether it prints progress. (--init-from is kept: the architecture comes from it.)
+NOT_KEPT_ON_RESUME = ("data", "save_dir", "quiet")
+
+
+def kept_run_options(opts: TrainOptions, given: Collection[str]) -> TrainOptions:
+    """For a save dir that holds a run to resume (checkpoint_last.pt and its options.json): `opts` with every
+    option not in `given` (the flags on the command line) set to the run's own value, so that a resume with no
+    flags goes on exactly as the run would have; options given keep their new values (`changed_options` names
+    the changes). Anywhere else, `opts` as it is."""
+    save_dir = Path(opts.save_dir)
+    text = read_small_file(save_dir / "options.json") if (save_dir / "checkpoint_last.pt").is_file() else None
+    try:
+        stored = json.loads(text) if text else {}
+    except ValueError:
+        return opts  # written by a killed run mid-way: nothing to keep
+    kept = {}
+    types = get_type_hints(TrainOptions)
+    for f in fields(TrainOptions):
+        if f.name in given or f.name in NOT_KEPT_ON_RESUME or f.name not in stored:
+            continue
+        if f.name == "lr" and "lr_scale" in given:  # the two name one rate: the one given replaces the run's
+            continue
+        value = stored[f.name]
+        if value is not None and Path in (types[f.name], *get_args(types[f.name])):  # JSON keeps a path as text
+            value = Path(value)
+        kept[f.name] = tuple(value) if isinstance(value, list) else value
+    return replace(opts, **kept)

@@ -11,11 +11,10 @@ import secrets
 import socket
 import sys
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import closing, nullcontext, suppress
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import get_args, get_type_hints
 
 import numpy as np
 import torch
@@ -38,7 +37,7 @@ from nmt_cli.model.checkpoint import (
 from nmt_cli.model.precision import resolve_precision
 from nmt_cli.model.transformer import ModelConfig, Transformer, count_parameters, make_config
 from nmt_cli.textio import atomic_path, read_small_file, remove_temporaries
-from nmt_cli.torch_env import TRAINING_KERNEL_CACHE, size_kernel_cache
+from nmt_cli.torch_env import TRAINING_KERNEL_CACHE, loaded_allocator, size_kernel_cache
 
 from . import distributed as D
 from .options import TrainOptions  # noqa: F401  (re-exported: callers import it from nmt_cli.training.trainer)
@@ -200,36 +199,6 @@ EXACT_RESUME_OPTIONS = ("max_tokens", "update_freq", "seed")
 SCHEDULE_OPTIONS = ("lr_scale", "lr", "warmup", "cooldown", "label_smoothing", "clip_norm", "precision",
                     "adam_betas", "weight_decay")
 DROPOUT_FIELDS = ("dropout", "attention_dropout", "activation_dropout")
-
-
-# Options a resume does not take from the run being resumed when they are not given: where the run reads and
-# writes (always given) and whether it prints progress. (--init-from is kept: the architecture comes from it.)
-NOT_KEPT_ON_RESUME = ("data", "save_dir", "quiet")
-
-
-def kept_run_options(opts: TrainOptions, given: Collection[str]) -> TrainOptions:
-    """For a save dir that holds a run to resume (checkpoint_last.pt and its options.json): `opts` with every
-    option not in `given` (the flags on the command line) set to the run's own value, so that a resume with no
-    flags goes on exactly as the run would have; options given keep their new values (`changed_options` names
-    the changes). Anywhere else, `opts` as it is."""
-    save_dir = Path(opts.save_dir)
-    text = read_small_file(save_dir / "options.json") if (save_dir / "checkpoint_last.pt").is_file() else None
-    try:
-        stored = json.loads(text) if text else {}
-    except ValueError:
-        return opts  # written by a killed run mid-way: nothing to keep
-    kept = {}
-    types = get_type_hints(TrainOptions)
-    for f in fields(TrainOptions):
-        if f.name in given or f.name in NOT_KEPT_ON_RESUME or f.name not in stored:
-            continue
-        if f.name == "lr" and "lr_scale" in given:  # the two name one rate: the one given replaces the run's
-            continue
-        value = stored[f.name]
-        if value is not None and Path in (types[f.name], *get_args(types[f.name])):  # JSON keeps a path as text
-            value = Path(value)
-        kept[f.name] = tuple(value) if isinstance(value, list) else value
-    return replace(opts, **kept)
 
 
 def changed_options(path: Path, opts: TrainOptions) -> list[str]:
@@ -518,7 +487,8 @@ class Trainer:
                 return summary
             self.log.write({"event": "start", "resumed_at": state.updates if self.resumed else None,
                             "parameters": count_parameters(self.model), "config": self.config.to_dict(),
-                            "world_size": ctx.world_size, "device": str(self.device), "precision": opts.precision})
+                            "world_size": ctx.world_size, "device": str(self.device), "precision": opts.precision,
+                            "allocator": loaded_allocator() or "system"})
             # (message, printed with --quiet too): what a resume changes is not progress; advice on a schedule is
             warnings = [] if self.resumed else [(schedule_warning(opts), False)]
             if ctx.is_main and set_aside is not None:  # not progress: printed with --quiet too
