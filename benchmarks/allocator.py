@@ -4,7 +4,7 @@
 (`nmt train --cpu-allocator`: the system's glibc malloc, tcmalloc, jemalloc; those installed) trains the
 Multi30k recipe's model (10k joint BPE, `small`, --max-tokens 4096, the recipe's dropouts and schedule) for the
 same minutes in a fresh process, one after the other, and the table gives the target tokens/s of its first
-and last 200 updates (wall-clock, the validations at epoch ends included, as the run spends them), the fall
+and last 200 updates (wall-clock, the validations at epoch ends included, as the run spends them), the change
 between them, and the updates done.
 
     python benchmarks/allocator.py [--minutes 6] [--allocators system,tcmalloc,jemalloc,system] [--train-flags "..."]
