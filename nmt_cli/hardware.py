@@ -53,6 +53,16 @@ def describe_machine() -> str:
     return f"{cpu_kind()}: {cpu_flags()[0]}, {os.cpu_count()} cores, torch {torch.__version__}"
 
 
+def device_kind(device: torch.device) -> str:
+    """The machine a run trains on, in the words of its log: the GPU's name, or the kind of CPU with its model
+    name."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{cpu_kind()}: {cpu_flags()[0]}"
+
+
 def resolve_device(requested: str | None, local_rank: int = 0) -> torch.device:
     """`cpu`, `cuda` (this process's GPU under torchrun) or None for CUDA when present; clear error without CUDA."""
     import torch

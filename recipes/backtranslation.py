@@ -265,7 +265,7 @@ def compare(results: list[dict]) -> str:
 
 def markdown(results: list[dict], note: str) -> str:
     lines = [note, "", "| row | training pairs | val BLEU | vs parallel (val) | BLEU | chrF2 | updates | "
-             "train minutes |", "|---|---|---|---|---|---|---|---|"]
+             "train minutes | trained on |", "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "vs_parallel" in r:
             beyond = {True: ", beyond the seed noise", False: ", within the seed noise", None: ""}[r["beyond_noise"]]
@@ -273,7 +273,8 @@ def markdown(results: list[dict], note: str) -> str:
         else:
             versus = ""
         lines.append(f"| {r['row']} | {r['pairs']:,} | {r['val_bleu']:.1f} | {versus} | {r['bleu']:.1f} | "
-                     f"{r['chrf']:.1f} | {r['updates']:,} | {r['train_minutes']:.1f} |")
+                     f"{r['chrf']:.1f} | {r['updates']:,} | {r['train_minutes']:.1f} | "
+                     f"{'; '.join(kind.split(':')[0] for kind in r.get('machines', []))} |")
     return "\n".join(lines) + "\n"
 
 
@@ -300,14 +301,16 @@ def plot(results: list[dict], out: Path) -> None:
 
 
 def training(folder: Path) -> dict:
-    """The updates a model trained, the minutes it took (from its last checkpoint) and its val BLEU (from its
-    choice on val)."""
+    """The updates a model trained, the minutes it took (from its last checkpoint), the machines it trained on
+    (a resumed run may have moved; from its log) and its val BLEU (from its choice on val)."""
     from nmt_cli.model.checkpoint import load_checkpoint
 
     state = load_checkpoint(folder / "ckpt" / "checkpoint_last.pt")
     chosen = json.loads((folder / "selection.json").read_text(encoding="utf-8"))
+    starts = [json.loads(line) for line in read_lines(folder / "ckpt" / "train.jsonl") if '"start"' in line]
+    machines = list(dict.fromkeys(r.get("machine", "not recorded") for r in starts if r.get("event") == "start"))
     return {"updates": state["updates"], "train_minutes": round(state["progress"]["elapsed"] / 60, 1),
-            "val_bleu": round(chosen["val_bleu"], 2)}
+            "machines": machines, "val_bleu": round(chosen["val_bleu"], 2)}
 
 
 def budget_words(minutes: float, updates: int) -> str:

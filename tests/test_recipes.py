@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from nmt_cli import hardware
 from nmt_cli.model.checkpoint import average_checkpoints, load_checkpoint, numbered_checkpoints
 
 from .conftest import REPO, recipe_module, run_cli, shared_data
@@ -633,6 +634,8 @@ def test_multi30k_backtranslation_recipe_at_smoke_size(tmp_path, warm_nmt):
     table = (bt / "backtranslation.md").read_text()
     assert (bt / "backtranslation.png").stat().st_size > 0
     assert "| tagged BT |" in table and "The ceiling beats the parallel half by" in table
+    assert all(r["machines"] == [f"{hardware.cpu_kind()}: {hardware.cpu_flags()[0]}"] for r in results)
+    assert table.count(f" | {hardware.cpu_kind()} |") == len(results)  # the "trained on" column
     assert "Seed noise (the parallel half with seeds 1 and 2, on val)" in table
     again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
     assert again.returncode == 0 and " train: " not in again.stdout and "| all real |" in again.stdout

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt_cli import torch_env
+from nmt_cli import hardware, torch_env
 from nmt_cli.cli import commandline
 from nmt_cli.decode.translate import Translator
 from nmt_cli.errors import NmtError
@@ -443,9 +443,9 @@ def test_training_tensors_use_huge_pages_unless_the_user_says_otherwise():
 
 
 def test_a_cpu_run_preloads_tcmalloc_and_trains_the_same_numbers_as_on_the_system_allocator(toy_data, tmp_path):
-    """`nmt train` on CPU executes itself again with tcmalloc preloaded (its log names the allocator it ran
-    on), and `--cpu-allocator system` keeps glibc's; the allocator changes no number: 20 updates' losses are
-    equal bit for bit."""
+    """`nmt train` on CPU executes itself again with tcmalloc preloaded (its log names the allocator and the
+    machine it ran on), and `--cpu-allocator system` keeps glibc's; the allocator changes no number: 20 updates'
+    losses are equal bit for bit."""
     if torch_env.find_allocator("tcmalloc") is None:
         if os.environ.get("CI"):
             pytest.fail("tcmalloc is not installed (.ci/run installs libtcmalloc-minimal4)")
@@ -461,6 +461,9 @@ def test_a_cpu_run_preloads_tcmalloc_and_trains_the_same_numbers_as_on_the_syste
         logs[choice] = [json.loads(line) for line in (save / "train.jsonl").read_text().splitlines()]
     allocators = {choice: next(r for r in log if r["event"] == "start")["allocator"] for choice, log in logs.items()}
     assert "libtcmalloc" in allocators["auto"] and allocators["system"] == "system", allocators
+    # the log names the machine too: what a resumed run's figures were measured on, when it moved
+    assert {next(r for r in log if r["event"] == "start")["machine"] for log in logs.values()} == {
+        f"{hardware.cpu_kind()}: {hardware.cpu_flags()[0]}"}
     losses = {choice: [r["loss"] for r in log if r["event"] == "train"] for choice, log in logs.items()}
     assert len(losses["auto"]) == 20 and losses["auto"] == losses["system"]
 

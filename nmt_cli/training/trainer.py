@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from nmt_cli import __version__
 from nmt_cli.data.binarized import Batch, DataDir, collate, make_batches, prefetch, shuffled, weighted_batches
 from nmt_cli.errors import NmtError
-from nmt_cli.hardware import resolve_device
+from nmt_cli.hardware import device_kind, resolve_device
 from nmt_cli.model.checkpoint import (
     CheckpointWriter,
     load_checkpoint,
@@ -487,7 +487,8 @@ class Trainer:
                 return summary
             self.log.write({"event": "start", "resumed_at": state.updates if self.resumed else None,
                             "parameters": count_parameters(self.model), "config": self.config.to_dict(),
-                            "world_size": ctx.world_size, "device": str(self.device), "precision": opts.precision,
+                            "world_size": ctx.world_size, "device": str(self.device),
+                            "machine": device_kind(self.device), "precision": opts.precision,
                             "allocator": loaded_allocator() or "system"})
             # (message, printed with --quiet too): what a resume changes is not progress; advice on a schedule is
             warnings = [] if self.resumed else [(schedule_warning(opts), False)]
