@@ -7,7 +7,14 @@ same minutes in a fresh process, one after the other, and the table gives the ta
 and last 200 updates (wall-clock, the validations at epoch ends included, as the run spends them), the change
 between them, and the updates done.
 
+With `--translate MODEL`: `nmt translate` instead, as a user runs it (a whole process, start-up included) over
+Multi30k's test_2016_flickr (1,000 lines, the model file's beam and length penalty), in fp32 and bf16, each
+allocator `--repeat` times, the runs of one precision interleaved (system, tcmalloc, jemalloc, system, ...) so
+that a drift of the host falls on every allocator alike: the median sentences/s, its ratio to the system
+allocator's, and whether the output is the same as the system allocator's.
+
     python benchmarks/allocator.py [--minutes 6] [--allocators system,tcmalloc,jemalloc,system] [--train-flags "..."]
+    python benchmarks/allocator.py --translate exp/multi30k/model.pt [--repeat 3] [--allocators system,tcmalloc]
 """
 
 from __future__ import annotations
@@ -15,12 +22,14 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
-from common import machine, print_table, require_multi30k
+from common import flickr_test_sources, machine, print_table, require_multi30k
 
 from nmt_cli.torch_env import find_allocator
 
@@ -40,13 +49,59 @@ def window_speed(steps: list[dict], first: bool, every: int = 50) -> float:
     return sum(b["tgt_tokens_per_s"] * (b["elapsed_s"] - a["elapsed_s"]) for a, b in pairs) / seconds
 
 
+def installed(allocators: list[str]) -> list[str]:
+    """Those of `allocators` this machine has (system always), in order; a line on stderr for each left out."""
+    kept = [a for a in allocators if a == "system" or find_allocator(a) is not None]
+    for allocator in dict.fromkeys(set(allocators) - set(kept)):
+        print(f"benchmark: {allocator} is not installed; skipped", file=sys.stderr)
+    return kept
+
+
+def translate_speed(model: str, allocators: list[str], repeat: int) -> list[list]:
+    """`nmt translate -i test_2016_flickr` as a whole process on each allocator, `repeat` interleaved runs per
+    precision: rows of precision, allocator, runs, median sent/s, ratio to the system's, same output."""
+    sources = flickr_test_sources()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "test.en"
+        src.write_text("".join(s + "\n" for s in sources), encoding="utf-8")
+        for precision in ("fp32", "bf16"):
+            speeds: dict[str, list[float]] = {a: [] for a in allocators}
+            outputs: dict[str, str] = {}
+            for _ in range(repeat):
+                for allocator in allocators:
+                    out = Path(tmp) / f"{allocator}.out"
+                    start = time.perf_counter()
+                    subprocess.run([sys.executable, "-m", "nmt_cli", "translate", "-m", model, "-i", str(src), "-o",
+                                    str(out), "--precision", precision, "--device", "cpu", "--cpu-allocator",
+                                    allocator, "--quiet"], check=True, stderr=subprocess.DEVNULL)
+                    speeds[allocator].append(len(sources) / (time.perf_counter() - start))
+                    outputs.setdefault(allocator, out.read_text(encoding="utf-8"))
+            base = statistics.median(speeds.get("system") or next(iter(speeds.values())))
+            for allocator, runs in speeds.items():
+                median = statistics.median(runs)
+                rows.append([precision, allocator, len(runs), round(median, 1), f"{median / base:.2f}",
+                             "yes" if outputs[allocator] == outputs.get("system", outputs[allocator]) else "no"])
+    return rows
+
+
 def main() -> list[list]:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=6.0)
-    # the system's first and last: a drift of the host shows as a gap between its two rows
-    parser.add_argument("--allocators", default="system,tcmalloc,jemalloc,system")
+    # training: the system's first and last, so that a drift of the host shows as a gap between its two rows
+    parser.add_argument("--allocators", default=None, help="default: system,tcmalloc,jemalloc,system to train; "
+                        "system,tcmalloc,jemalloc to translate")
     parser.add_argument("--train-flags", default=RECIPE_FLAGS)
+    parser.add_argument("--translate", metavar="MODEL", help="time nmt translate with this model instead")
+    parser.add_argument("--repeat", type=int, default=3, help="with --translate: runs per allocator and precision")
     args = parser.parse_args()
+    if args.translate:
+        allocators = installed((args.allocators or "system,tcmalloc,jemalloc").split(","))
+        rows = translate_speed(args.translate, list(dict.fromkeys(allocators)), args.repeat)
+        print_table(f"nmt translate, whole process, per allocator: Multi30k test_2016_flickr, 1,000 lines, CPU "
+                    f"({machine()})", ["precision", "allocator", "runs", "sent/s (median)", "vs system",
+                                       "same output as system"], rows)
+        return rows
     data = require_multi30k()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -54,10 +109,8 @@ def main() -> list[list]:
         subprocess.run([sys.executable, "-m", "nmt_cli", "prepare", "-s", "en", "-t", "de", "--train",
                         str(data / "train"), "--valid", str(data / "val"), "--bpe-merges", "10000", "--out",
                         str(prepared), "--quiet"], check=True)
-        for run, allocator in enumerate(args.allocators.split(",")):  # a name twice: a second run, later
-            if allocator != "system" and find_allocator(allocator) is None:
-                print(f"benchmark: {allocator} is not installed; skipped", file=sys.stderr)
-                continue
+        # a name twice: a second run, later
+        for run, allocator in enumerate(installed((args.allocators or "system,tcmalloc,jemalloc,system").split(","))):
             save = Path(tmp) / f"{run}-{allocator}"
             # --max-time ends the run at the clock; the cool-down's share is of that time, as in the recipe
             subprocess.run([sys.executable, "-m", "nmt_cli", "train", str(prepared), "--save-dir", str(save),

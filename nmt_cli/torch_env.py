@@ -40,6 +40,8 @@ def use_huge_pages_for_tensors() -> bool:
 # malloc on the Multi30k recipe's model, so auto does not choose it.
 ALLOCATOR_LIBRARIES = {"tcmalloc": ("tcmalloc_minimal", "tcmalloc"), "jemalloc": ("jemalloc",)}
 ALLOCATOR_CHOICES = ("auto", "tcmalloc", "jemalloc", "system")
+ALLOCATOR_HELP = ("Memory allocator on a CPU: auto (tcmalloc where installed, else the system's), tcmalloc, jemalloc "
+                  "or system (glibc's malloc: slower, and slower still as a process goes on).")
 ALLOCATOR_INSTALL = {"tcmalloc": "Debian/Ubuntu: apt install libtcmalloc-minimal4; conda: conda install gperftools",
                      "jemalloc": "Debian/Ubuntu: apt install libjemalloc2; conda: conda install jemalloc"}
 PRELOAD_TRIED = "NMT_ALLOCATOR_PRELOADED"  # set on the re-executed process: never try twice

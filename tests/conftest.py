@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -49,6 +50,29 @@ def require_extra(module: str):
     if os.environ.get("CI"):
         return __import__(module)
     return pytest.importorskip(module)
+
+
+def require_tcmalloc() -> None:
+    """Skip a test of tcmalloc where it is not installed, except under CI, which installs it."""
+    from nmt_cli.torch_env import find_allocator
+
+    if find_allocator("tcmalloc") is None:
+        if os.environ.get("CI"):
+            pytest.fail("tcmalloc is not installed (.ci/run installs libtcmalloc-minimal4)")
+        pytest.skip("tcmalloc is not installed (apt install libtcmalloc-minimal4)")
+
+
+def mapped_allocator(pid: int, timeout: float = 120) -> str:
+    """The tcmalloc or jemalloc library process `pid` runs on ("system" for none), read from its memory map once
+    torch is loaded (a command that preloads one executes itself again before it imports torch)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        maps = Path(f"/proc/{pid}/maps").read_text()
+        if "libtorch_cpu" in maps:
+            names = [Path(line.split()[-1]).name for line in maps.splitlines() if "lib" in line.split()[-1]]
+            return next((name for name in names if name.startswith(("libtcmalloc", "libjemalloc"))), "system")
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} did not load torch within {timeout} s")
 
 
 def threshold(what: str, value: float, *, low: float | None = None, high: float | None = None) -> None:

@@ -16,8 +16,9 @@ import pytest
 from nmt_cli.decode.translate import Translator
 from nmt_cli.serve.app import create_app
 from nmt_cli.serve.batching import ServeLimits, translator_thread
+from nmt_cli.torch_env import find_allocator
 
-from .conftest import expect_error, require_extra, run_cli, threshold
+from .conftest import expect_error, mapped_allocator, require_extra, run_cli, threshold
 
 uvicorn = require_extra("uvicorn")  # an optional extra: skipped without it, except under CI
 
@@ -362,8 +363,9 @@ def test_api_key_file_and_its_errors(toy_model, tmp_path):
 
 
 def test_sigterm_answers_queued_work_then_exits_0(toy_model, sentences):
-    """`nmt serve` on all interfaces without keys warns at start; SIGTERM while requests wait for their batch:
-    every one is answered, then the process exits 0. The access log has one line per request, no text."""
+    """`nmt serve` on all interfaces without keys warns at start, and runs on tcmalloc where it is installed;
+    SIGTERM while requests wait for their batch: every one is answered, then the process exits 0. The access log
+    has one line per request, no text."""
     import os
     import signal
     import subprocess
@@ -380,6 +382,8 @@ def test_sigterm_answers_queued_work_then_exits_0(toy_model, sentences):
         probe = Server.__new__(Server)
         probe.port = port
         wait_until(lambda: _listening(port), timeout=60)
+        if find_allocator("tcmalloc") is not None or os.environ.get("CI"):  # nmt serve runs on it where installed
+            assert mapped_allocator(proc.pid).startswith("libtcmalloc")
         with ThreadPoolExecutor(4) as pool:
             futures = [pool.submit(probe.post, {"text": [sentences[i]]}) for i in range(4)]
             wait_until(lambda: probe.get("/health")[1]["queued_sentences"] == 4)

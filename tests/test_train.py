@@ -20,7 +20,7 @@ from nmt_cli.errors import NmtError
 from nmt_cli.model.checkpoint import load_checkpoint, numbered_checkpoints, save_checkpoint
 from nmt_cli.training.trainer import TrainOptions, inverse_sqrt_lr, train
 
-from .conftest import expect_error, run_cli, threshold
+from .conftest import expect_error, require_tcmalloc, run_cli, threshold
 
 
 def _opts(data: Path, save: Path, **kw) -> TrainOptions:
@@ -446,10 +446,7 @@ def test_a_cpu_run_preloads_tcmalloc_and_trains_the_same_numbers_as_on_the_syste
     """`nmt train` on CPU executes itself again with tcmalloc preloaded (its log names the allocator and the
     machine it ran on), and `--cpu-allocator system` keeps glibc's; the allocator changes no number: 20 updates'
     losses are equal bit for bit."""
-    if torch_env.find_allocator("tcmalloc") is None:
-        if os.environ.get("CI"):
-            pytest.fail("tcmalloc is not installed (.ci/run installs libtcmalloc-minimal4)")
-        pytest.skip("tcmalloc is not installed (apt install libtcmalloc-minimal4)")
+    require_tcmalloc()
     logs = {}
     for choice in ("auto", "system"):
         save = tmp_path / choice

@@ -20,7 +20,7 @@ from nmt_cli.model import ops
 from nmt_cli.model.transformer import Transformer, make_config
 from nmt_cli.torch_env import DECODING_KERNEL_CACHE
 
-from .conftest import expect_error, run_cli, threshold
+from .conftest import expect_error, mapped_allocator, require_tcmalloc, run_cli, threshold
 
 
 @pytest.fixture(scope="module")
@@ -272,6 +272,26 @@ def test_streaming_stdin_answers_before_input_ends(toy_model):
         assert proc.wait(timeout=60) == 0
     finally:
         proc.kill()
+
+
+def test_translate_on_cpu_runs_on_tcmalloc_and_translates_as_on_the_system_allocator(toy_model, sources):
+    """`nmt translate` on CPU executes itself again with tcmalloc preloaded (its memory map shows the library
+    once torch is loaded), reading its input from stdin after the restart; `--cpu-allocator system` keeps
+    glibc's malloc; the translations are the same."""
+    require_tcmalloc()
+    allocators, outputs = {}, {}
+    for choice in ("auto", "system"):
+        proc = subprocess.Popen([sys.executable, "-m", "nmt_cli", "translate", "-m", str(toy_model), "--threads", "1",
+                                 "--cpu-allocator", choice, "--quiet"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            allocators[choice] = mapped_allocator(proc.pid)
+            outputs[choice], err = proc.communicate("\n".join(sources[:20]) + "\n", timeout=120)
+        finally:
+            proc.kill()
+        assert proc.returncode == 0, err
+    assert allocators["auto"].startswith("libtcmalloc") and allocators["system"] == "system", allocators
+    assert len(outputs["auto"].splitlines()) == 20 and outputs["auto"] == outputs["system"]
 
 
 def test_bad_translate_input(toy_model, tmp_path):

@@ -41,6 +41,17 @@ def own_command() -> list[str] | None:
         return None
     return [sys.executable, *sys.orig_argv[1:]]
 
+
+def run_on_allocator(choice: str, device: str | None) -> None:
+    """Run this `nmt` command on `choice`'s memory allocator (--cpu-allocator) when it computes on the CPU: it
+    executes itself again with the library preloaded (same pid; torch not yet imported). Nothing for a GPU
+    run, or where `own_command` finds no command of nmt's own."""
+    from nmt_cli.torch_env import cuda_expected, preload_allocator
+
+    command = own_command()
+    if command is not None and not cuda_expected(device):
+        preload_allocator(choice, command)
+
 # The oldest PyTorch nmt runs on: nn.utils.get_total_norm (2.6), fused Adam on CPU (2.4), torch.get_autocast_dtype
 # (2.4), init_process_group(device_id=) (2.3). tests/test_layout.py checks pyproject.toml says the same.
 MIN_TORCH = (2, 6)

@@ -7,9 +7,19 @@ from typing import Annotated, Optional
 
 import typer
 
-from .commandline import collect_after_loading, err, handle_errors, start_up_done
+from .commandline import collect_after_loading, err, handle_errors, run_on_allocator, start_up_done
 from .config import ConfigFlag, PrintConfigFlag
-from .flags import DeviceFlag, Engine, EngineFlag, InferencePrecisionFlag, ModelsFlag, Precision, ThreadsFlag
+from .flags import (
+    CpuAllocator,
+    CpuAllocatorFlag,
+    DeviceFlag,
+    Engine,
+    EngineFlag,
+    InferencePrecisionFlag,
+    ModelsFlag,
+    Precision,
+    ThreadsFlag,
+)
 
 
 @handle_errors
@@ -44,11 +54,13 @@ def serve_cmd(
     precision: InferencePrecisionFlag = Precision.fp32,
     threads: ThreadsFlag = 0,
     engine: EngineFlag = Engine.auto,
+    cpu_allocator: CpuAllocatorFlag = CpuAllocator.auto,
     config: ConfigFlag = None,
     print_config: PrintConfigFlag = False,
 ) -> None:
     """Serve translations over HTTP: POST /translate {"text": [...], "beam": 4}, a page to try them at GET /,
     GET /health, GET /info, GET /metrics."""
+    run_on_allocator(cpu_allocator.value, device.value if device else None)  # may run this command again
     from nmt_cli.serve.app import serve_model
     from nmt_cli.serve.batching import ServeLimits
 

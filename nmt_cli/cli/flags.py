@@ -27,6 +27,7 @@ from nmt_cli.option_fields import (  # noqa: F401 (the panels, for the commands 
     Flag,
     flag_of,
 )
+from nmt_cli.torch_env import ALLOCATOR_CHOICES, ALLOCATOR_HELP
 
 Precision = Enum("Precision", {name: name for name in ("auto", "fp32", "bf16", "fp16")}, type=str)
 Device = Enum("Device", {name: name for name in ("cpu", "cuda")}, type=str)
@@ -52,6 +53,11 @@ EngineFlag = Annotated[Engine, typer.Option(rich_help_panel=P_DEVICE, help=ENGIN
 def choice_enum(name: str, choices: tuple[str, ...]) -> type[Enum]:
     """The Enum typer shows as a choice of `choices` (one per field, so --help lists them)."""
     return Enum(name, {c: c for c in choices}, type=str)  # type: ignore[return-value]
+
+
+CpuAllocator = choice_enum("CpuAllocator", ALLOCATOR_CHOICES)  # the enum of nmt train's --cpu-allocator field too
+# (translate and serve; nmt train declares its flag with its other options, from the same help)
+CpuAllocatorFlag = Annotated[CpuAllocator, typer.Option(rich_help_panel=P_DEVICE, help=ALLOCATOR_HELP)]
 
 
 def field_parameter(field: dataclasses.Field, annotation: Any, help: str | None = None) -> inspect.Parameter:

@@ -11,7 +11,7 @@ import typer
 from nmt_cli.errors import NmtError
 from nmt_cli.training.options import TrainOptions
 
-from .commandline import err, handle_errors, own_command
+from .commandline import err, handle_errors, run_on_allocator
 from .config import ConfigFlag, PrintConfigFlag
 from .flags import extra_parameter, options_command
 
@@ -21,7 +21,7 @@ from .flags import extra_parameter, options_command
                                       extra_parameter("print_config", PrintConfigFlag, False)))
 def train_cmd(context: typer.Context, opts: TrainOptions, values: dict[str, Any]) -> None:
     """Train the Transformer (single process, or one per GPU/CPU under torchrun); resumes from checkpoint_last.pt."""
-    from nmt_cli.torch_env import cuda_expected, preload_allocator, use_huge_pages_for_tensors
+    from nmt_cli.torch_env import use_huge_pages_for_tensors
     from nmt_cli.training.options import kept_run_options
 
     # the flags on the command line, in a --config file or the environment; by name: typer may bring its own
@@ -32,9 +32,7 @@ def train_cmd(context: typer.Context, opts: TrainOptions, values: dict[str, Any]
         raise NmtError("--lr and --lr-scale both set the learning rate: give one (--lr: the peak; --lr-scale: a "
                        "factor on eq. 3)")
     opts = kept_run_options(opts, given)  # a resume keeps the run's options that are not given
-    command = own_command()
-    if command is not None and not cuda_expected(opts.device):
-        preload_allocator(opts.cpu_allocator, command)  # may run this command again, on tcmalloc
+    run_on_allocator(opts.cpu_allocator, opts.device)  # may run this command again, on tcmalloc
     use_huge_pages_for_tensors()  # before torch is imported
     from nmt_cli.training.trainer import end_of_run, train
 

@@ -9,13 +9,15 @@ import typer
 
 from nmt_cli.errors import NmtError
 
-from .commandline import collect_after_loading, err, handle_errors, start_up_done
+from .commandline import collect_after_loading, err, handle_errors, run_on_allocator, start_up_done
 from .config import ConfigFlag, PrintConfigFlag
 from .flags import (
     P_DEVICE,
     P_IO,
     P_SEARCH,
     P_STEER,
+    CpuAllocator,
+    CpuAllocatorFlag,
     DeviceFlag,
     Engine,
     EngineFlag,
@@ -58,6 +60,7 @@ def translate_cmd(
         "Batches translated at once, each on its share of the threads (0: 2 on a CPU with 2+ threads, "
         "else 1)."))] = 0,
     engine: EngineFlag = Engine.auto,
+    cpu_allocator: CpuAllocatorFlag = CpuAllocator.auto,
     alignments: Annotated[bool, typer.Option(rich_help_panel=P_IO, help=(
         "Append TAB and source-target word alignments (i-j over whitespace-separated words; characters for "
         "Chinese, Japanese, Thai; from the encoder-decoder attention: approximate) to each line."))] = False,
@@ -93,6 +96,7 @@ def translate_cmd(
     print_config: PrintConfigFlag = False,
 ) -> None:
     """Translate raw text; output is detokenized, one line per input line, in input order."""
+    run_on_allocator(cpu_allocator.value, device.value if device else None)  # may run this command again
     from nmt_cli.decode.pipeline import TextTranslator
     from nmt_cli.decode.streaming import check_alignment_request, read_steering, sampling_of, translate_lines
     from nmt_cli.export.engines import load_translator

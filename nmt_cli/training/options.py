@@ -13,7 +13,7 @@ from typing import get_args, get_type_hints
 from nmt_cli.errors import NmtError
 from nmt_cli.option_fields import P_DATA, P_DEVICE, P_LOG, P_MODEL, P_OPTIM, P_STOP, option
 from nmt_cli.textio import read_small_file
-from nmt_cli.torch_env import ALLOCATOR_CHOICES
+from nmt_cli.torch_env import ALLOCATOR_CHOICES, ALLOCATOR_HELP
 
 
 def parse_betas(text: str) -> tuple[float, float]:
@@ -113,9 +113,7 @@ class TrainOptions:
         "Also write the logged scalars to this folder for tensorboard (pip install -e '.[tensorboard]' in the "
         "clone)."))
     threads: int = option(0, panel=P_DEVICE, help="CPU threads for torch (0: torch's default).")
-    cpu_allocator: str = option("auto", panel=P_DEVICE, choices=ALLOCATOR_CHOICES, help=(
-        "Memory allocator of a CPU run: auto (tcmalloc where installed, else the system's), tcmalloc, jemalloc "
-        "or system (glibc's malloc: slower, and slower still as a run goes on)."))
+    cpu_allocator: str = option("auto", panel=P_DEVICE, choices=ALLOCATOR_CHOICES, help=ALLOCATOR_HELP)
     background_save: bool = option(
         True, panel=P_STOP, decls=("--background-save/--no-background-save",),
         help="Write checkpoints on a background thread while training goes on (one save in flight).")
