@@ -52,6 +52,7 @@ def run_on_allocator(choice: str, device: str | None) -> None:
     if command is not None and not cuda_expected(device):
         preload_allocator(choice, command)
 
+
 # The oldest PyTorch nmt runs on: nn.utils.get_total_norm (2.6), fused Adam on CPU (2.4), torch.get_autocast_dtype
 # (2.4), init_process_group(device_id=) (2.3). tests/test_layout.py checks pyproject.toml says the same.
 MIN_TORCH = (2, 6)
