@@ -23,11 +23,11 @@ gives better synthetic sources. --rows picks rows (the parallel half and the cei
 which the ceiling clearly beats the parallel half before paying for the other rows).
 
 Models that do not need each other train at once, --jobs at a time (default: one per core, at most the
-models to train), each step on --threads CPU threads (default: the cores shared among the jobs). On a CPU,
-small models gain more from a core of their own than from a second thread: two 1-thread runs side by side make
-more tokens per second in all than one 2-thread run. The backward model starts first (the back-translated rows
-wait for it), then the other rows in the table's order. When a step fails, the others are stopped; their
-finished steps are kept, so a second run resumes.
+models still to make, so that a resumed run's last model gets every core), each step on --threads CPU threads
+(default: the cores shared among the jobs). On a CPU, small models gain more from a core of their own than from
+a second thread: two 1-thread runs side by side make more tokens per second in all than one 2-thread run. The
+backward model starts first (the back-translated rows wait for it), then the other rows in the table's order.
+When a step fails, the others are stopped; their finished steps are kept, so a second run resumes.
 
 Each model's BPE is learned on its own training pairs (the parallel half, and for the rows that have them
 the monolingual target side and its synthetic sources): no val or test text joins it. Each is chosen on val
@@ -205,6 +205,18 @@ def model(name: str, folder: Path, train: Path, src: str, tgt: str, raw: Path, a
     return folder / "model.pt"
 
 
+def row_folder(out: Path, row: str) -> Path:
+    """OUT/<the row's name in lowercase, words joined by '-'>: where a row's model is made."""
+    return out / re.sub(r"[^a-z0-9]+", "-", row.lower()).strip("-")
+
+
+def unfinished(rows: list[str], out: Path, last_back_translation: Path | None) -> list[str]:
+    """The rows (and the backward model, when `last_back_translation` is not yet written) whose model is not yet
+    chosen: a resumed run shares the cores among these alone, so that a last row left gets them all."""
+    backward = [BACKWARD] if last_back_translation is not None and not last_back_translation.exists() else []
+    return backward + [row for row in rows if not (row_folder(out, row) / "model.pt").exists()]
+
+
 def translate(model_path: Path, source: Path, output: Path, what: str, args: argparse.Namespace, steps: Steps,
               *flags: str) -> None:
     if not output.exists():
@@ -360,7 +372,8 @@ def main() -> None:
                            f"{', '.join(ROWS)}")
         split(args.raw, corpora, src, tgt, args.seed)
         back_translated = any("BT" in row for row in rows)
-        jobs = args.jobs or min(len(os.sched_getaffinity(0)), len(rows) + back_translated)
+        jobs = args.jobs or min(len(os.sched_getaffinity(0)), max(1, len(unfinished(
+            rows, args.out, corpora / f"bt.sampled.{src}" if back_translated else None))))
         steps = Steps(args.threads or max(1, len(os.sched_getaffinity(0)) // jobs))
 
         def back_translate(after: Callable[[str], object]) -> None:
@@ -375,7 +388,7 @@ def main() -> None:
             def task(after: Callable[[str], object]) -> dict:
                 if "BT" in row:
                     after(BACKWARD)
-                folder = args.out / re.sub(r"[^a-z0-9]+", "-", row.lower()).strip("-")
+                folder = row_folder(args.out, row)
                 prefix = row_corpus(row, corpora, folder, src, tgt)
                 forward = model(row, folder, prefix, src, tgt, args.raw, args, steps,
                                 (TAG,) if row == "tagged BT" else (), seed=2 if row == SECOND_SEED else 1)

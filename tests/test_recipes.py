@@ -698,6 +698,24 @@ def test_backtranslation_runs_tasks_at_once_after_what_they_wait_for_and_stops_a
     assert bt.Steps().thread_flags() == []
 
 
+def test_backtranslation_shares_the_cores_among_the_models_still_to_make(tmp_path):
+    """A resumed run counts only the models not yet chosen (and the backward model until its last
+    back-translation is written), so that a last row left trains on every core."""
+    bt = recipe_module("backtranslation")
+    rows = ["parallel", "parallel (seed 2)", "tagged BT", "all real"]
+    sampled = tmp_path / "corpora" / "bt.sampled.en"
+    assert bt.row_folder(tmp_path, "parallel (seed 2)") == tmp_path / "parallel-seed-2"
+    assert bt.unfinished(rows, tmp_path, sampled) == [bt.BACKWARD, *rows]
+    assert bt.unfinished(rows, tmp_path, None) == rows
+    for row in ("parallel", "parallel (seed 2)", "all real"):
+        (bt.row_folder(tmp_path, row)).mkdir()
+        (bt.row_folder(tmp_path, row) / "model.pt").write_bytes(b"")
+    (bt.row_folder(tmp_path, "tagged BT") / "ckpt").mkdir(parents=True)  # started, not finished
+    sampled.parent.mkdir()
+    sampled.write_text("a\n")
+    assert bt.unfinished(rows, tmp_path, sampled) == ["tagged BT"]
+
+
 def test_backtranslation_table_weighs_each_row_against_the_parallel_halfs_seed_noise():
     """A row differs from the parallel half beyond the noise only when its val difference exceeds the two
     parallel seeds' difference; the ceiling's margin is stated against the 3 BLEU a useful table needs."""
