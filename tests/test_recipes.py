@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from nmt_cli import hardware
-from nmt_cli.model.checkpoint import average_checkpoints, load_checkpoint, numbered_checkpoints
+from nmt_cli.model.checkpoint import average_checkpoints, load_checkpoint, numbered_checkpoints, save_checkpoint
 
 from .conftest import REPO, recipe_module, run_cli, shared_data
 
@@ -446,7 +446,7 @@ def test_select_on_val_weighs_the_moving_average_of_a_run_that_kept_one(toy_data
     averages, on val, and ships whichever wins (the moving average's weights when it does)."""
     sys.path.insert(0, str(REPO / "recipes"))
     try:
-        from select_on_val import select
+        from select_on_val import read_pairs, select, val_bleu
     finally:
         sys.path.remove(str(REPO / "recipes"))
     from nmt_cli.training.trainer import TrainOptions, train
@@ -483,7 +483,8 @@ def test_select_on_val_weighs_the_moving_average_of_a_run_that_kept_one(toy_data
     shutil.copytree(toy_data, data)
     for lang in ("en", "de"):
         shutil.copy(data / f"valid.raw.{lang}", data / f"test.raw.{lang}")
-    rows = {r["row"]: r for r in levers(save, data, [2], [0.6, 1.0], 2, tmp_path / "levers.json")}
+    rows = {r["row"]: r for r in levers(save, data, [2], [0.6, 1.0], 2, tmp_path / "levers.json",
+                                        fixed=(2, 3, 1.0))}
     for row, ema in (("recipe: all candidates, grid widened", True), ("without the moving average", False)):
         chosen = select(save, raw / "valid.en", raw / "valid.de", [2], [0.6, 1.0], 2, tmp_path / "m.pt",
                         tmp_path / "s.json", ema=ema)
@@ -492,6 +493,12 @@ def test_select_on_val_weighs_the_moving_average_of_a_run_that_kept_one(toy_data
     assert {r["model"] for r in rows.values() if r["row"].endswith(" alone")} == {
         "best single", "average of last 1", "average of last 2", "moving average (--ema)"}
     assert rows["recipe's candidates, fixed grid"]["lenpens_tried"] == 2
+    # the fixed row chooses nothing: the average of the last 2 at beam 3, lenpen 1.0, as nmt translate gives it
+    fixed = rows["fixed, not chosen on val: beam 3"]
+    assert (fixed["model"], fixed["lenpen"], fixed["lenpens_tried"]) == ("average of last 2", 1.0, 0)
+    save_checkpoint(average_checkpoints(last[-2:]), tmp_path / "avg2.pt")
+    sources, refs = read_pairs(data / "valid.raw.en", data / "valid.raw.de")
+    assert fixed["val_bleu"] == val_bleu(tmp_path / "avg2.pt", sources, refs, beam=3, lenpen=1.0, precision="fp32")
     for r in rows.values():
         assert (r["test_bleu"], r["test_lc_bleu"]) == (r["val_bleu"], r["val_lc_bleu"]), r
     assert json.loads((tmp_path / "levers.json").read_text())["rows"] == list(rows.values())
