@@ -110,7 +110,8 @@ def fixed_choice(text: str) -> tuple[int, int, float]:
     except (ValueError, IndexError):
         raise NmtError(f"--fixed: expected WINDOW,BEAM,LENPEN such as 10,5,1.0 (got {text!r})") from None
     if len(parts) != 3 or window < 1 or size < 1 or lenpen < 0:
-        raise NmtError(f"--fixed: expected WINDOW,BEAM,LENPEN with WINDOW and BEAM at least 1 (got {text!r})")
+        raise NmtError(f"--fixed: expected WINDOW,BEAM,LENPEN with WINDOW and BEAM at least 1, LENPEN at least 0 "
+                       f"(got {text!r})")
     return window, size, lenpen
 
 

@@ -499,6 +499,9 @@ def test_select_on_val_weighs_the_moving_average_of_a_run_that_kept_one(toy_data
     save_checkpoint(average_checkpoints(last[-2:]), tmp_path / "avg2.pt")
     sources, refs = read_pairs(data / "valid.raw.en", data / "valid.raw.de")
     assert fixed["val_bleu"] == val_bleu(tmp_path / "avg2.pt", sources, refs, beam=3, lenpen=1.0, precision="fp32")
+    # a window the recipe's candidates lack is averaged for the fixed row alone, to the same scores
+    alone = levers(save, data, [1], [1.0], 2, tmp_path / "levers-1.json", fixed=(2, 3, 1.0))
+    assert alone[-1] == fixed and "average of last 2 alone" not in {r["row"] for r in alone}
     for r in rows.values():
         assert (r["test_bleu"], r["test_lc_bleu"]) == (r["val_bleu"], r["val_lc_bleu"]), r
     assert json.loads((tmp_path / "levers.json").read_text())["rows"] == list(rows.values())
