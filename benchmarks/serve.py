@@ -94,13 +94,14 @@ def main() -> list[list]:
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="with --soak: the server's")
     parser.add_argument("--engine", default="auto", choices=("auto", "nmt", "ctranslate2"),
                         help="with --soak: the server's")
+    parser.add_argument("--cpu-allocator", default="auto", help="with --soak: the server's (nmt serve --cpu-allocator)")
     args = parser.parse_args()
     if not Path(args.model).exists():
         sys.exit(f"benchmark: {args.model} not found; run `make multi30k` first or pass --model")
     if args.soak is not None:
         from soak import soak
 
-        record = soak(args.model, args.soak, args.precision, args.engine)
+        record = soak(args.model, args.soak, args.precision, args.engine, args.cpu_allocator)
         if args.json:
             args.json.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
         return []

@@ -85,9 +85,9 @@ def disconnect_mid_body(port: int) -> None:
     raw.close()
 
 
-def soak(model: str, minutes: float, precision: str = "fp32", engine: str = "auto") -> dict:
-    """Run the soak against `nmt serve --precision PRECISION --engine ENGINE`; return its record (also printed as
-    a table). Good answers are checked against the same translator's in this process."""
+def soak(model: str, minutes: float, precision: str = "fp32", engine: str = "auto", allocator: str = "auto") -> dict:
+    """Run the soak against `nmt serve --precision PRECISION --engine ENGINE --cpu-allocator ALLOCATOR`; return its
+    record (also printed as a table). Good answers are checked against the same translator's in this process."""
     from nmt_cli.export.engines import load_translator
 
     sentences = flickr_test_sources()
@@ -104,7 +104,7 @@ def soak(model: str, minutes: float, precision: str = "fp32", engine: str = "aut
     lock = threading.Lock()
     rss: list[tuple[float, float]] = []
     with ServeProcess(model, "--api-key-file", keys.name, "--access-log", "off", "--precision", precision,
-                      "--engine", engine) as server:
+                      "--engine", engine, "--cpu-allocator", allocator) as server:
         port = server.port
         for g in goods[:5]:
             post(port, json.dumps(g).encode(), KEY)  # warm-up
@@ -157,8 +157,8 @@ def soak(model: str, minutes: float, precision: str = "fp32", engine: str = "aut
     server_log = server.log()
     after_first_minute = next((mb for t, mb in rss if t >= 60), rss[-1][1])
     q = statistics.quantiles(latencies, n=100) if len(latencies) >= 2 else [0.0] * 99
-    record = {"minutes": minutes, "precision": precision, "engine": engine, "counts": dict(counts),
-              "wrong": wrong[:20], "wrong_count": len(wrong),
+    record = {"minutes": minutes, "precision": precision, "engine": engine, "allocator": allocator,
+              "counts": dict(counts), "wrong": wrong[:20], "wrong_count": len(wrong),
               "five_hundreds": sum(v for k, v in counts.items() if k.endswith(" 500")),
               "p50_ms": 1000 * q[49], "p95_ms": 1000 * q[94], "p99_ms": 1000 * q[98],
               "rss_start_mb": rss[0][1], "rss_after_first_minute_mb": after_first_minute,
@@ -177,7 +177,7 @@ def soak(model: str, minutes: float, precision: str = "fp32", engine: str = "aut
              ["server exit code after SIGTERM", server.proc.returncode],
              ["tracebacks in the server's log", record["server_tracebacks"]]]
     print_table(f"serve soak: {minutes:g} minutes, {CLIENTS} clients, {Path(model).name}, {precision}, engine "
-                f"{engine} ({machine()})",
+                f"{engine}, allocator {allocator} ({machine()})",
                 ["what", "count / figure"], rows)
     for line in wrong[:10]:
         print(line)

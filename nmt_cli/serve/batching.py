@@ -17,14 +17,22 @@ from nmt_cli.errors import NmtError
 
 
 def release_free_heap() -> bool:
-    """Hand the memory glibc's heap keeps after frees back to the kernel (malloc_trim); False where there is no
-    glibc."""
-    try:
-        import ctypes
+    """Hand the memory the process's allocator keeps after frees back to the kernel: tcmalloc's or jemalloc's when
+    one is preloaded (`--cpu-allocator`), else glibc's (malloc_trim); False where none of them is found."""
+    import ctypes
 
-        return bool(ctypes.CDLL(None).malloc_trim(0))
-    except (OSError, AttributeError):
+    try:
+        process = ctypes.CDLL(None)
+    except OSError:
         return False
+    if hasattr(process, "MallocExtension_ReleaseFreeMemory"):  # tcmalloc: glibc's heap holds little here
+        process.MallocExtension_ReleaseFreeMemory()
+        return True
+    if hasattr(process, "mallctl"):  # jemalloc: purge every arena (MALLCTL_ARENAS_ALL = 4096)
+        return process.mallctl(b"arena.4096.purge", None, None, None, ctypes.c_size_t(0)) == 0
+    if hasattr(process, "malloc_trim"):
+        return bool(process.malloc_trim(0))
+    return False
 
 
 @dataclass(frozen=True)
