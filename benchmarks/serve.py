@@ -7,7 +7,8 @@ Every measurement runs `--rounds` times (default 2: the first also pays oneDNN's
 not seen yet) and the best round is reported.
 
     python benchmarks/serve.py [--model exp/multi30k/model.pt] [--clients 1,8,32] [--sentences 500] [--rounds 2]
-    python benchmarks/serve.py --soak MINUTES [--model ...] [--precision bf16] [--engine ctranslate2] [--json FILE]
+    python benchmarks/serve.py --soak MINUTES [--model ...] [--precision bf16] [--engine ctranslate2]
+                                [--cpu-allocator system] [--json FILE]
                                                 # good and bad requests (soak.py)
 """
 
