@@ -26,6 +26,8 @@ from pathlib import Path
 
 from common import REPO, ServeProcess, flickr_test_sources, machine, print_table
 
+from nmt_cli.torch_env import ALLOCATOR_CHOICES
+
 
 def _post(port: int, sentence: str, connection: http.client.HTTPConnection | None = None) -> list[str]:
     """POST one sentence; over `connection` when given (kept open between requests, as HTTP clients do)."""
@@ -95,7 +97,8 @@ def main() -> list[list]:
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="with --soak: the server's")
     parser.add_argument("--engine", default="auto", choices=("auto", "nmt", "ctranslate2"),
                         help="with --soak: the server's")
-    parser.add_argument("--cpu-allocator", default="auto", help="with --soak: the server's (nmt serve --cpu-allocator)")
+    parser.add_argument("--cpu-allocator", default="auto", choices=ALLOCATOR_CHOICES,
+                        help="with --soak: the server's (nmt serve --cpu-allocator)")
     args = parser.parse_args()
     if not Path(args.model).exists():
         sys.exit(f"benchmark: {args.model} not found; run `make multi30k` first or pass --model")
