@@ -21,6 +21,17 @@ U = TypeVar("U")
 
 
 CORPUS_FILE = "train.corpus.npy"  # per training pair, the index of its corpus (data prepared from several)
+DROPOUT_SPLIT = "train-bpe-dropout-"  # + the draw's number: the training pairs in one draw of BPE-dropout
+
+
+def dropout_split(draw: int) -> str:
+    """The split name of BPE-dropout draw `draw` (from 1) of the training pairs."""
+    return f"{DROPOUT_SPLIT}{draw}"
+
+
+def is_dropout_split(name: str) -> bool:
+    """Whether a split holds a BPE-dropout draw of the training pairs."""
+    return name.startswith(DROPOUT_SPLIT)
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -163,6 +174,17 @@ class DataDir:
             raise NmtError(f"{path}: {len(ids):,} pairs, but train holds {len(self.split('train')):,} (re-run nmt "
                            "prepare)")
         return ids, weights
+
+    def dropout_draws(self) -> list[ParallelCorpus]:
+        """The BPE-dropout draws of the training pairs (`nmt prepare --bpe-dropout`), in order; [] without."""
+        copies = int((self.meta.get("bpe_dropout") or {}).get("copies", 0))
+        draws = [self.split(dropout_split(k)) for k in range(1, copies + 1)]
+        train = self.split("train")
+        for k, draw in enumerate(draws, start=1):
+            if len(draw) != len(train):
+                raise NmtError(f"{self.path}: BPE-dropout draw {k} holds {len(draw):,} pairs, train {len(train):,} "
+                               "(re-run nmt prepare)")
+        return draws
 
     def segmenter(self):
         """The tokenizer that made this data (raw text <-> pieces)."""

@@ -77,6 +77,14 @@ class PrepareOptions:
         "Drop training pairs whose sides are not identified as -s and -t with at least this probability "
         "(py3langid, offline; pip install py3langid) [default: off]"))
 
+    # BPE-dropout (Provilkov et al., 2020): training pairs segmented again with each merge skipped at random, in
+    # `bpe_dropout_copies` fixed draws that `nmt train` reads one per epoch, in turn; 0: off
+    bpe_dropout: float = option(0.0, help=(
+        "BPE-dropout (Provilkov et al., 2020): also store the training pairs segmented with each merge skipped "
+        "with this probability (the paper's: 0.1), in --bpe-dropout-copies draws; nmt train reads one draw per "
+        "epoch, in turn; translation segments as usual [0: off]"))
+    bpe_dropout_copies: int = option(10, help="How many BPE-dropout draws of the training pairs to store.")
+
     @property
     def train_prefixes(self) -> list[str]:
         """The training corpora's PREFIXes, in order."""

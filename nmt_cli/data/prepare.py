@@ -53,7 +53,7 @@ from nmt_cli.textio import (
     staging_directory,
 )
 
-from .binarized import CORPUS_FILE, BinarizedWriter, token_dtype
+from .binarized import CORPUS_FILE, BinarizedWriter, dropout_split, is_dropout_split, token_dtype
 from .options import MAX_RATIO, PrepareOptions  # noqa: F401 (the options' home is options.py)
 from .workers import ordered_map
 
@@ -164,6 +164,8 @@ def _init_worker(state: dict) -> None:
         _worker["target_bpe"] = lambda line: target.segment(line, "")
     elif state.get("codes") is not None:
         _worker["bpe"] = _worker["target_bpe"] = text.BpeApplier(state["codes"], keep=state.get("tags", ()))
+        if state.get("bpe_dropout"):
+            _worker["dropout_bpe"] = text.DropoutBpe(state["codes"], state["bpe_dropout"], keep=state.get("tags", ()))
     if state.get("langid") is not None:
         _worker["identify"] = language_identifier()
     if state.get("symbols") is not None:
@@ -247,6 +249,19 @@ def _segment_job(job: tuple[list[str], list[str], bool]) -> tuple[list[str], lis
     src, tgt = [src[i] for i in kept], [tgt[i] for i in kept]
     pieces = Counter(p for lines in (src, tgt) for line in lines for p in line.split())
     return src, tgt, dropped, pieces
+
+
+def _dropout_job(job: tuple[list[str], list[str], int, int]) -> tuple[list[str], list[str], Counter]:
+    """Draw `draw` of BPE-dropout for a chunk of kept training pairs (their deterministic segmentation), and its
+    pieces. A line the draw makes longer than --max-len keeps its deterministic segmentation, so that every
+    draw holds the same pairs, each within the model's positions."""
+    src, tgt, draw, chunk = job
+    dropout, max_len = _worker["dropout_bpe"], _worker["max_len"]
+    out = []
+    for side, lines in enumerate((src, tgt)):
+        drawn = dropout.segment_lines([text.remove_bpe(line) for line in lines], f"{draw} {chunk} {side}")
+        out.append([d if len(d.split()) <= max_len else line for d, line in zip(drawn, lines)])
+    return out[0], out[1], Counter(p for lines in out for line in lines for p in line.split())
 
 
 def _binarize_job(job: tuple[list[str], list[str], int | None]):
@@ -368,6 +383,15 @@ def _check_options(opts: PrepareOptions) -> Path:
     if opts.tokenizer == "sentencepiece" and opts.vocab_size < 264:
         raise NmtError(f"--vocab-size must be at least 264 for SentencePiece: 256 byte pieces, 4 specials and a "
                        f"few more (got {opts.vocab_size})")
+    if not 0 <= opts.bpe_dropout < 1:
+        raise NmtError(f"--bpe-dropout must be at least 0 and below 1 (got {opts.bpe_dropout})")
+    if opts.bpe_dropout_copies < 1:
+        raise NmtError(f"--bpe-dropout-copies must be at least 1 (got {opts.bpe_dropout_copies})")
+    if opts.bpe_dropout and opts.tokenizer == "sentencepiece":
+        raise NmtError("--bpe-dropout drops BPE merges: it needs --tokenizer moses, not sentencepiece")
+    if opts.bpe_dropout and opts.from_model is not None:
+        raise NmtError(f"{opts.from_model}: --bpe-dropout with --from-model: the model's vocabulary lacks the smaller "
+                       "pieces that dropout makes")
     if opts.spm_sample < 1:
         raise NmtError(f"--spm-sample must be at least 1 (got {opts.spm_sample})")
     check_langid(opts)
@@ -615,7 +639,7 @@ def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, c
     state = {"codes": codes, "sentencepiece": sentencepiece, "target_sentencepiece": made.target_sentencepiece,
              "tags": tuple(opts.tags), "max_len": opts.max_len, "langid": opts.langid,
              "max_ratio": max_ratio, "remove_copies": opts.remove_copies,
-             "src_lang": src_lang, "tgt_lang": tgt_lang}
+             "src_lang": src_lang, "tgt_lang": tgt_lang, "bpe_dropout": opts.bpe_dropout}
     pieces: Counter = Counter()
     dropped = dict.fromkeys(DROP_REASONS, 0)
     seen = PairSet() if opts.remove_duplicates else None
@@ -683,6 +707,22 @@ def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, c
             warn(f"{originals['train'][0]}: {n:,} of {input_sentences:,} training pairs "
                  f"({100 * n / input_sentences:.0f}%) dropped {reasons[reason]}")
 
+    if opts.bpe_dropout and codes is not None:
+        stages.begin("BPE-dropout", opts.bpe_dropout_copies * 2 * kept)
+        for draw in range(1, opts.bpe_dropout_copies + 1):
+            name = dropout_split(draw)
+            segmented[name] = (work / f"{name}.bpe.{src_lang}", work / f"{name}.bpe.{tgt_lang}")
+            writers = [_Writer(p) for p in segmented[name]]
+            jobs = ((s, t, draw, chunk) for chunk, (s, t) in enumerate(pair_chunks(*segmented["train"])))
+            for src, tgt, chunk_pieces in ordered_map(_dropout_job, jobs, opts.workers, _init_worker, (state,)):
+                for writer, lines in zip(writers, (src, tgt)):
+                    writer.write(lines)
+                pieces.update(chunk_pieces)
+                stages.advance(2 * len(src))
+            for writer in writers:
+                writer.close()
+        stages.end(opts.bpe_dropout_copies * 2 * kept)
+
     stages.begin("vocabulary", None, unit="pieces")
     vocab = vocab or Vocabulary.from_counts(pieces, opts.vocab_threshold)
     vocab.save(staging / "vocab.txt")
@@ -708,7 +748,7 @@ def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, c
         writers = [BinarizedWriter(staging / f"{name}.{lang}", dtype) for lang in (src_lang, tgt_lang)]
         unk = [0, 0]
         too_long = 0
-        limit = None if name == "train" else MAX_POSITIONS - 1
+        limit = None if name == "train" or is_dropout_split(name) else MAX_POSITIONS - 1
         jobs = ((s, t, limit) for s, t in pair_chunks(*paths))
         for sides, chunk_too_long in ordered_map(_binarize_job, jobs, opts.workers, _init_worker, (state,)):
             for k, (writer, (flat, lengths, n_unk)) in enumerate(zip(writers, sides)):
@@ -740,6 +780,8 @@ def _segment_and_binarize(inputs: dict[str, tuple[Path, Path]], staging: Path, c
         **({"target_vocab_size": len(target_vocab)} if made.target_vocab is not None else {}),
         **({"target_token": made.target_token} if made.target_token else {}),
         "vocab_threshold": opts.vocab_threshold,
+        **({"bpe_dropout": {"p": opts.bpe_dropout, "copies": opts.bpe_dropout_copies}}
+           if opts.bpe_dropout and codes is not None else {}),
         "token_dtype": token_dtype(largest).name,
         "max_positions": MAX_POSITIONS,
         "splits": split_meta,

@@ -126,15 +126,20 @@ def read_codes(path: Path) -> str:
     return "".join(line + "\n" for line in lines)
 
 
+def _subword_nmt_bpe(codes: str) -> BPE:
+    """subword-nmt's BPE for a codes file's text."""
+    if not [line for line in codes.splitlines() if line.strip() and not line.startswith("#version")]:
+        # Zero merges (a corpus without two-character words): every word splits into its characters.
+        # subword-nmt refuses a codes file without merges, so it gets one that no text can match.
+        codes = codes.rstrip("\n") + "\n\ue000 \ue001\n"
+    return BPE(io.StringIO(codes), separator=BPE_SEPARATOR)
+
+
 class BpeApplier:
     """Applies BPE codes to tokenized lines, caching each word's segmentation."""
 
     def __init__(self, codes: str, keep: Sequence[str] = ()) -> None:
-        if not [line for line in codes.splitlines() if line.strip() and not line.startswith("#version")]:
-            # Zero merges (a corpus without two-character words): every word splits into its characters.
-            # subword-nmt refuses a codes file without merges, so it gets one that no text can match.
-            codes = codes.rstrip("\n") + "\n\ue000 \ue001\n"
-        self._bpe = BPE(io.StringIO(codes), separator=BPE_SEPARATOR)
+        self._bpe = _subword_nmt_bpe(codes)
         self._cache: dict[str, str] = {word: word for word in keep}  # words never split (tags)
 
     def __call__(self, line: str) -> str:
@@ -148,6 +153,29 @@ class BpeApplier:
                 cache[word] = pieces
             out.append(pieces)
         return " ".join(out)
+
+
+class DropoutBpe:
+    """BPE-dropout (Provilkov et al., 2020): subword-nmt's segmentation with each merge candidate skipped with
+    probability `p`, so one word gets several segmentations into smaller pieces of the same codes."""
+
+    def __init__(self, codes: str, p: float, keep: Sequence[str] = ()) -> None:
+        self._bpe = _subword_nmt_bpe(codes)  # its own: subword-nmt caches what dropout draws
+        self.p = p
+        self._keep = frozenset(keep)
+
+    def segment_lines(self, lines: Sequence[str], seed: str) -> list[str]:
+        """One draw of the segmentation of tokenized `lines`, fixed by `seed`."""
+        import random
+
+        saved = random.getstate()  # subword-nmt draws from the random module's generator
+        random.seed(seed)
+        try:
+            segment = self._bpe.segment_tokens
+            return [" ".join(w if w in self._keep else " ".join(segment([w], dropout=self.p)) for w in line.split())
+                    for line in lines]
+        finally:
+            random.setstate(saved)
 
 
 _COMPOUND = re.compile(r"(\S)-(\S)")

@@ -23,7 +23,16 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from nmt_cli import __version__
-from nmt_cli.data.binarized import Batch, DataDir, collate, make_batches, prefetch, shuffled, weighted_batches
+from nmt_cli.data.binarized import (
+    Batch,
+    DataDir,
+    ParallelCorpus,
+    collate,
+    make_batches,
+    prefetch,
+    shuffled,
+    weighted_batches,
+)
 from nmt_cli.errors import NmtError
 from nmt_cli.hardware import device_kind, resolve_device
 from nmt_cli.model.checkpoint import (
@@ -379,7 +388,9 @@ class Trainer:
                               [p for _, p in model.named_parameters()])
 
         self.train_corpus, self.valid_corpus = data.split("train"), data.split("valid")
-        check_lengths(data, {"train": self.train_corpus, "valid": self.valid_corpus}, config)
+        self.dropout_draws = data.dropout_draws()  # BPE-dropout: epoch E reads draw (E - 1) mod their number
+        check_lengths(data, {"train": self.train_corpus, "valid": self.valid_corpus,
+                             **{f"BPE-dropout draw {k}": d for k, d in enumerate(self.dropout_draws, start=1)}}, config)
         self.batches = make_batches(self.train_corpus.src.sizes, self.train_corpus.tgt.sizes, opts.max_tokens,
                                     opts.seed)
         self.valid_batches = make_batches(self.valid_corpus.src.sizes, self.valid_corpus.tgt.sizes, opts.max_tokens,
@@ -599,13 +610,22 @@ class Trainer:
                 else:
                     plain_line(shown)
 
+    def epoch_corpus(self, epoch: int) -> ParallelCorpus:
+        """The training pairs as epoch `epoch` reads them: train, or with BPE-dropout one draw after another."""
+        if not self.dropout_draws:
+            return self.train_corpus
+        return self.dropout_draws[(epoch - 1) % len(self.dropout_draws)]
+
     def epoch_batches(self, epoch: int) -> list:
         """The batches of an epoch, unshuffled: the same every epoch, unless corpora are weighted
-        (`binarized.weighted_batches`); then each corpus's share of the epoch's target tokens is logged."""
+        (`binarized.weighted_batches`); then each corpus's share of the epoch's target tokens is logged. With
+        BPE-dropout, the batches of the epoch's draw."""
+        corpus = self.epoch_corpus(epoch)
         if self.weighting is None:
-            return self.batches
+            if not self.dropout_draws:
+                return self.batches
+            return make_batches(corpus.src.sizes, corpus.tgt.sizes, self.opts.max_tokens, self.opts.seed)
         ids, weights = self.weighting
-        corpus = self.train_corpus
         batches = weighted_batches(corpus.src.sizes, corpus.tgt.sizes, ids, weights, self.opts.max_tokens,
                                    self.opts.seed, epoch)
         if self.ctx.is_main and self.state.batch_pos == 0:
@@ -624,6 +644,7 @@ class Trainer:
     def run_epoch(self) -> str | None:
         """The rest of the current epoch (or until a stop); returns the stop reason, if any."""
         opts, ctx, state = self.opts, self.ctx, self.state
+        corpus = self.epoch_corpus(state.epoch)
         epoch_batches = shuffled(self.epoch_batches(state.epoch), opts.seed, state.epoch)
         per_rank = len(epoch_batches) // ctx.world_size
         mine = epoch_batches[ctx.rank :: ctx.world_size][:per_rank]
@@ -631,7 +652,7 @@ class Trainer:
         pin = self.device.type == "cuda"
 
         def make_group(group: list) -> list[Batch]:
-            batches = [collate(self.train_corpus, idx, self.data.vocab) for idx in group]
+            batches = [collate(corpus, idx, self.data.vocab) for idx in group]
             return [b.pin_memory() for b in batches] if pin else batches
 
         # On CUDA the next group is collated (and pinned) on a background thread while this one runs.
