@@ -15,7 +15,7 @@ import torch
 from subword_nmt.apply_bpe import BPE
 
 from nmt_cli.data.binarized import DataDir, dropout_split
-from nmt_cli.data.prepare import PrepareOptions, prepare
+from nmt_cli.data.prepare import PrepareOptions, prepare, summary_line
 from nmt_cli.model.checkpoint import load_checkpoint
 from nmt_cli.text.moses import BPE_SEPARATOR, remove_bpe
 from nmt_cli.training.trainer import Trainer, TrainOptions, train
@@ -52,6 +52,8 @@ def test_draws_are_subword_nmts_dropout_of_the_same_words(captions, tmp_path):
     worker count changes nothing."""
     meta = _prepare(captions, tmp_path / "data", bpe_dropout=0.1, bpe_dropout_copies=3)
     assert meta["bpe_dropout"] == {"p": 0.1, "copies": 3}
+    line = summary_line(meta, tmp_path / "data")
+    assert "; BPE-dropout 0.1: 3 draws of train" in line and "train-bpe-dropout" not in line
     data = DataDir.open(tmp_path / "data")
     assert len(data.dropout_draws()) == 3
     codes = (tmp_path / "data" / "bpe.codes").read_text(encoding="utf-8")

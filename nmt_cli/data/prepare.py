@@ -802,12 +802,15 @@ def summary_line(meta: dict, out: Path) -> str:
     dropped = meta["splits"]["train"]["filtered"]["dropped"]
     too_long = {k: v["dropped_too_long"] for k, v in meta["splits"].items() if v.get("dropped_too_long")}
     return (f"wrote {out}: vocabulary {meta['vocab_size']:,}, "
-            + ", ".join(f"{k} {v['sentences']:,}" for k, v in meta["splits"].items()) + " sentences; "
+            + ", ".join(f"{k} {v['sentences']:,}" for k, v in meta["splits"].items() if not is_dropout_split(k))
+            + " sentences; "
             + f"training pairs dropped: {dropped['empty']:,} empty, {dropped['too_long']:,} over --max-len, "
             + f"{dropped['ratio']:,} over --max-ratio, {dropped.get('copy', 0):,} copies, "
             + f"{dropped.get('duplicate', 0):,} duplicates"
             + (f", {dropped['language']:,} in another language" if dropped.get("language") else "")
-            + "".join(f"; {k} pairs over the model's positions: {n:,}" for k, n in too_long.items()))
+            + "".join(f"; {k} pairs over the model's positions: {n:,}" for k, n in too_long.items())
+            + (f"; BPE-dropout {drop['p']:g}: {drop['copies']} draws of train" if (drop := meta.get("bpe_dropout"))
+               else ""))
 
 
 def corpora_table(meta: dict):
