@@ -7,6 +7,7 @@ Every measurement runs `--rounds` times (default 2: the first also pays oneDNN's
 not seen yet) and the best round is reported.
 
     python benchmarks/serve.py [--model exp/multi30k/model.pt] [--clients 1,8,32] [--sentences 500] [--rounds 2]
+                               [--cpu-allocator system]    # the server's allocator
     python benchmarks/serve.py --soak MINUTES [--model ...] [--precision bf16] [--engine ctranslate2]
                                 [--cpu-allocator system] [--json FILE]
                                                 # good and bad requests (soak.py)
@@ -98,7 +99,7 @@ def main() -> list[list]:
     parser.add_argument("--engine", default="auto", choices=("auto", "nmt", "ctranslate2"),
                         help="with --soak: the server's")
     parser.add_argument("--cpu-allocator", default="auto", choices=ALLOCATOR_CHOICES,
-                        help="with --soak: the server's (nmt serve --cpu-allocator)")
+                        help="the server's (nmt serve --cpu-allocator)")
     args = parser.parse_args()
     if not Path(args.model).exists():
         sys.exit(f"benchmark: {args.model} not found; run `make multi30k` first or pass --model")
@@ -146,7 +147,8 @@ def _serve_rows(args, sentences: list[str], expected: list[str], reference: floa
     rounds = max(1, args.rounds)
 
     rows = []
-    with ServeProcess(args.model, "--batch-wait-ms", str(args.batch_wait_ms), "--access-log", "off") as server:
+    with ServeProcess(args.model, "--batch-wait-ms", str(args.batch_wait_ms), "--access-log", "off",
+                      "--cpu-allocator", args.cpu_allocator) as server:
         port = server.port
         for s in sentences[:64]:
             _post(port, s)  # warm-up
