@@ -391,6 +391,48 @@ def test_multi30k_recipe_end_to_end(tmp_path):
     assert again.returncode == 0, again.stdout + again.stderr
 
 
+def test_multi30k_recipe_trains_in_processes_with_the_same_update(tmp_path):
+    """`make multi30k PROCESSES=2 UPDATE_FREQ=2` trains under torchrun (gloo), each process reading one batch of
+    the update on its share of the cores: the same losses as one process reading both (dropout off, one thread,
+    so that only the summation order can differ). UPDATE_FREQ not a multiple of PROCESSES, or either not a
+    whole number, is refused in one line before anything trains."""
+    data = shared_data("multi30k")
+    exp = tmp_path / "m30k"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def train(*variables: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["make", "-o", ".venv/.installed", f"{exp}/ckpt/.done", f"DATA={data}", f"EXP={exp}",
+                               "ARCH=tiny", "LINES=300", "TRAIN_MINUTES=0", "MAX_UPDATES=4", "BPE_MERGES=500",
+                               "PRECISION=fp32", "ATTENTION_DROPOUT=0", "ACTIVATION_DROPOUT=0", "EMA=0",
+                               *variables], cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+
+    def run_log(save: Path) -> tuple[dict, list[float]]:
+        """The run's options, its world size among them, and the loss of each update."""
+        records = [json.loads(line) for line in (save / "train.jsonl").read_text().splitlines()]
+        options = {**json.loads((save / "options.json").read_text()), "world_size": records[0]["world_size"]}
+        return options, [r["loss"] for r in records if r["event"] == "train"]
+
+    one = train("UPDATE_FREQ=2", "TRAIN_FLAGS=--dropout 0 --threads 1 --log-interval 1")
+    assert one.returncode == 0, one.stdout[-2000:] + one.stderr[-3000:]
+    shutil.move(exp / "ckpt", exp / "ckpt-one")
+    two = train("UPDATE_FREQ=2", "PROCESSES=2", "TRAIN_FLAGS=--dropout 0 --log-interval 1")
+    assert two.returncode == 0, two.stdout[-2000:] + two.stderr[-3000:]
+    (options_one, losses_one), (options_two, losses_two) = run_log(exp / "ckpt-one"), run_log(exp / "ckpt")
+    assert (options_one["world_size"], options_one["update_freq"]) == (1, 2)
+    assert (options_two["world_size"], options_two["update_freq"]) == (2, 1)
+    assert options_two["threads"] == max(1, len(os.sched_getaffinity(0)) // 2)
+    assert len(losses_two) == 4 and losses_two == pytest.approx(losses_one, rel=1e-5)
+
+    shutil.rmtree(exp / "ckpt")
+    for variables, message in [(["PROCESSES=2"], "multi30k: UPDATE_FREQ=1 batches per update cannot be shared by "
+                                                 "PROCESSES=2 processes: give UPDATE_FREQ a multiple of PROCESSES"),
+                               (["PROCESSES=two"], "multi30k: PROCESSES=two: a whole number, at least 1"),
+                               (["UPDATE_FREQ=0"], "multi30k: UPDATE_FREQ=0: a whole number, at least 1")]:
+        refused = train(*variables)
+        assert refused.returncode == 2 and refused.stderr.splitlines()[0] == message, refused.stderr
+        assert not (exp / "ckpt").exists()
+
+
 def test_multi30k_english_french_recipe_at_smoke_size(tmp_path, warm_nmt):
     """`make multi30k-en-fr` runs `make multi30k` on Multi30k's French side: an en->fr data dir, a model chosen
     on val, the 300 test lines translated into French and scored against the French references. With
