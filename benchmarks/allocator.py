@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import flickr_test_sources, machine, print_table, require_multi30k
+from common import flickr_test_sources, machine, prepare_multi30k, print_table
 
 from nmt_cli.torch_env import find_allocator
 
@@ -102,13 +102,9 @@ def main() -> list[list]:
                     f"({machine()})", ["precision", "allocator", "runs", "sent/s (median)", "vs system",
                                        "same output as system"], rows)
         return rows
-    data = require_multi30k()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        prepared = Path(tmp) / "data"
-        subprocess.run([sys.executable, "-m", "nmt_cli", "prepare", "-s", "en", "-t", "de", "--train",
-                        str(data / "train"), "--valid", str(data / "val"), "--bpe-merges", "10000", "--out",
-                        str(prepared), "--quiet"], check=True)
+        prepared = prepare_multi30k(Path(tmp) / "data")
         # a name twice: a second run, later
         for run, allocator in enumerate(installed((args.allocators or "system,tcmalloc,jemalloc,system").split(","))):
             save = Path(tmp) / f"{run}-{allocator}"

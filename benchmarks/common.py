@@ -25,6 +25,15 @@ def require_multi30k() -> Path:
     return MULTI30K
 
 
+def prepare_multi30k(out: Path) -> Path:
+    """`nmt prepare` of Multi30k en-de train and val with the recipe's 10,000 joint BPE merges into `out`."""
+    data = require_multi30k()
+    subprocess.run([sys.executable, "-m", "nmt_cli", "prepare", "-s", "en", "-t", "de", "--train",
+                    str(data / "train"), "--valid", str(data / "val"), "--bpe-merges", "10000", "--out", str(out),
+                    "--quiet"], check=True)
+    return out
+
+
 def flickr_test_sources() -> list[str]:
     """The English side of Multi30k test_2016_flickr (1,000 sentences), the translation benchmarks' input."""
     from nmt_cli.textio import read_lines

@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import REPO, machine, print_table, require_multi30k
+from common import REPO, machine, prepare_multi30k, print_table
 
 # The model and update of each shape: `small` is `make multi30k`'s (one batch of 4,096 tokens per update;
 # P processes then read --max-tokens 4096 / P each), `tiny-literature` the literature's Transformer-Tiny of the
@@ -82,13 +82,9 @@ def main() -> list[list]:
     args = parser.parse_args()
     if args.updates <= args.warm_up:
         sys.exit(f"benchmark: --updates {args.updates} leaves nothing after --warm-up {args.warm_up}")
-    data = require_multi30k()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        prepared = Path(tmp) / "data"
-        subprocess.run([sys.executable, "-m", "nmt_cli", "prepare", "-s", "en", "-t", "de", "--train",
-                        str(data / "train"), "--valid", str(data / "val"), "--bpe-merges", "10000", "--out",
-                        str(prepared), "--quiet"], check=True)
+        prepared = prepare_multi30k(Path(tmp) / "data")
         layouts = [(1, args.processes), (args.processes, 1)]
         for shape in args.shapes.split(","):
             if shape not in SHAPES:

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import machine, print_table, require_multi30k
+from common import machine, prepare_multi30k, print_table
 
 COLUMNS = ["checkpoints written", "updates", "saves", "seconds", "updates/min", "MB written", "stall per save (s)"]
 # Runs `nmt` (argv[2:]) and, at its exit, writes the bytes the process wrote to the file argv[1].
@@ -84,12 +84,8 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=1024)
     args = parser.parse_args()
-    data = require_multi30k()
     with tempfile.TemporaryDirectory() as tmp:
-        prepared = Path(tmp) / "data"
-        subprocess.run([sys.executable, "-m", "nmt_cli", "prepare", "-s", "en", "-t", "de", "--train",
-                        str(data / "train"), "--valid", str(data / "val"), "--bpe-merges", "10000", "--out",
-                        str(prepared), "--quiet"], check=True)
+        prepared = prepare_multi30k(Path(tmp) / "data")
         results = {}
         for background in (False, True):
             results[background] = run(prepared, Path(tmp) / f"bg{int(background)}", args.updates, args.every,

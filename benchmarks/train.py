@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import machine, print_table, require_multi30k
+from common import machine, prepare_multi30k, print_table
 
 from nmt_cli.torch_env import allocator_environment
 
@@ -110,13 +110,9 @@ def main() -> list[list]:
     if args.worker:
         worker(*args.worker)
         return []
-    data = require_multi30k()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        prepared = Path(tmp) / "data"
-        subprocess.run([sys.executable, "-m", "nmt_cli", "prepare", "-s", "en", "-t", "de", "--train",
-                        str(data / "train"), "--valid", str(data / "val"), "--bpe-merges", "10000", "--out",
-                        str(prepared), "--quiet"], check=True)
+        prepared = prepare_multi30k(Path(tmp) / "data")
         for arch in args.archs.split(","):
             for precision in args.precisions.split(","):
                 runs = []
