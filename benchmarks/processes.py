@@ -7,8 +7,10 @@ batches per update, P processes read F each. The layouts alternate (1, P, 1, P, 
 host falls on both; each run is a fresh process, its tokens/s the target tokens of the updates after the
 first `--warm-up` over their wall-clock time (no validation or saving inside the window). Where the update's
 batches divide among the processes (`tiny-literature`), both layouts train on the same batches in the same
-updates and their losses at the last update differ only by the dropout draws; `small`'s one batch of 4,096
-tokens becomes P batches of 4,096 / P, formed anew from the length-sorted data.
+updates of the first epoch; later ones part where an epoch's batch count is not a multiple of P (one process
+ends the epoch with a smaller update, P processes leave the odd batches out), so the table gives the mean
+training loss over the timed updates, the same to a few hundredths. `small`'s one batch of 4,096 tokens becomes P
+batches of 4,096 / P, formed anew from the length-sorted data.
 
     python benchmarks/processes.py [--shapes tiny-literature,small] [--updates 300] [--repeats 2] [--processes 2]
 """
@@ -38,7 +40,7 @@ SHAPES = {
 COMMON = ("--precision auto --attention-dropout 0.1 --activation-dropout 0.1 --label-smoothing 0.2 --seed 1 "
           "--device cpu --log-interval 1 --valid-interval 1000000 --keep-last 1 --quiet")
 COLUMNS = ["shape", "layout", "batches x tokens per update", "runs", "tgt tok/s (median)", "spread", "vs 1 process",
-           "loss at the last update"]
+           "mean loss, timed updates"]
 
 
 def batches_per_process(shape: str, processes: int) -> tuple[int, int]:
@@ -64,12 +66,12 @@ def layout_command(shape: str, processes: int, threads: int, data: Path, save: P
 
 
 def timed(save: Path, warm_up: int) -> tuple[float, float]:
-    """Target tokens/s over the updates after `warm_up`, and the loss at the last update, from train.jsonl."""
+    """Target tokens/s over the updates after `warm_up`, and their mean training loss, from train.jsonl."""
     records = [json.loads(line) for line in (save / "train.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["event"] == "train"]
     window = steps[warm_up:]
     tokens = sum(r["tgt_tokens_per_s"] * (r["time"] - prev["time"]) for prev, r in zip(steps[warm_up - 1 :], window))
-    return tokens / (window[-1]["time"] - steps[warm_up - 1]["time"]), window[-1]["loss"]
+    return tokens / (window[-1]["time"] - steps[warm_up - 1]["time"]), statistics.mean(r["loss"] for r in window)
 
 
 def main() -> list[list]:
@@ -100,12 +102,12 @@ def main() -> list[list]:
             for processes, threads in layouts:
                 speeds = sorted(speed for speed, _ in results[(processes, threads)])
                 median = statistics.median(speeds)
-                losses = {round(loss, 3) for _, loss in results[(processes, threads)]}
+                losses = sorted(loss for _, loss in results[(processes, threads)])
                 max_tokens, update_freq = batches_per_process(shape, processes)
                 rows.append([shape, f"{processes} process(es) x {threads} thread(s)",
                              f"{processes * update_freq} x {max_tokens}",
                              len(speeds), median, f"{speeds[0]:,.0f}-{speeds[-1]:,.0f}", f"{median / base:.2f}x",
-                             ", ".join(f"{loss:.3f}" for loss in sorted(losses))])
+                             ", ".join(f"{loss:.3f}" for loss in losses)])
             print_table("(partial)", COLUMNS, rows[-2:])
     print_table(f"train: Multi30k en-de, {args.updates} updates per run ({args.warm_up} untimed), layouts "
                 f"alternating ({machine()})", COLUMNS, rows)
