@@ -19,8 +19,9 @@ MAX_TOKENS     ?= 4096
 # Batches of MAX_TOKENS per update, over all processes (nmt train --update-freq UPDATE_FREQ / PROCESSES).
 UPDATE_FREQ    ?= 1
 # Training processes (torchrun, gloo), the cores shared among them; the update's size stays UPDATE_FREQ batches.
-# PROCESSES=2 UPDATE_FREQ=2 trains the literature's Tiny shape 1.2x faster than one process of 2 threads on 2 cores
-# (docs/benchmarks.md); `small`'s one batch per update runs fastest in one process.
+# PROCESSES=2 UPDATE_FREQ=2 trains the literature's Tiny shape 1.2x faster than one process of 2 threads on a
+# 2-core Intel Xeon (AMX), and about as fast on AMD EPYC (docs/benchmarks.md); `small`'s one batch per update runs
+# fastest in one process on the Intel kind.
 PROCESSES      ?= 1
 LR_SCALE       ?= 0.5
 WARMUP         ?= 1000
