@@ -20,7 +20,7 @@ MAX_TOKENS     ?= 4096
 UPDATE_FREQ    ?= 1
 # Training processes (torchrun, gloo), the cores shared among them; the update's size stays UPDATE_FREQ batches.
 # PROCESSES=2 UPDATE_FREQ=2 trains the literature's Tiny shape 1.2x faster than one process of 2 threads on a
-# 2-core Intel Xeon (AMX), and about as fast on AMD EPYC (docs/benchmarks.md); `small`'s one batch per update runs
+# 2-core Intel Xeon (AMX), and 1.0-1.2x on AMD EPYC (docs/benchmarks.md); `small`'s one batch per update runs
 # fastest in one process on the Intel kind.
 PROCESSES      ?= 1
 LR_SCALE       ?= 0.5
